@@ -1,0 +1,78 @@
+//! Typed errors of the pure core. Each renders as a Redis error line whose first word is the
+//! error code (`ERR`, `TOOLARGE`, `NORESERVATION`, `CONFLICT`, ...), so the shell replies with
+//! `to_string()` unchanged.
+
+use std::fmt;
+
+/// What a ledger command can fail with. Every variant leaves the budget unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerError {
+    /// A single reservation or charge above the key's MAXRESERVE (`TOOLARGE`).
+    TooLarge { amount: i64, max: i64 },
+    /// The id was never seen or has been forgotten (`NORESERVATION`).
+    NoReservation { id: Vec<u8> },
+    /// The id is known but in a state that forbids the call (`CONFLICT`); `state` names it:
+    /// `pending`, `settled`, `rolledback`, `expired`, `charged`.
+    Conflict {
+        id: Vec<u8>,
+        state: &'static str,
+        why: &'static str,
+    },
+    /// A sum would leave the 64-bit range (`ERR`): nothing is wrapped.
+    Overflow,
+    /// The per-key pending cap was reached (`LIMIT`).
+    TooManyPending { max: i64 },
+    /// An effect replayed on a replica or from the AOF does not fit the state (`ERR`): a sign
+    /// that the stream was produced from another state. Nothing is applied.
+    BadEffect(&'static str),
+    /// Invalid argument value caught by the core (`ERR`).
+    Invalid(&'static str),
+}
+
+/// Shows at most 64 bytes of an id in an error line, escaping anything non-printable so the
+/// line stays a valid RESP simple error (no CR/LF, no NUL).
+pub fn printable_id(id: &[u8]) -> String {
+    let mut out = String::new();
+    for &b in id.iter().take(64) {
+        if b.is_ascii_graphic() {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    if id.len() > 64 {
+        out.push_str("...");
+    }
+    out
+}
+
+impl fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LedgerError::TooLarge { amount, max } => {
+                write!(f, "TOOLARGE amount {amount} exceeds MAXRESERVE {max}")
+            }
+            LedgerError::NoReservation { id } => {
+                write!(
+                    f,
+                    "NORESERVATION no reservation with id '{}'",
+                    printable_id(id)
+                )
+            }
+            LedgerError::Conflict { id, state, why } => {
+                write!(f, "CONFLICT id '{}' is {state}: {why}", printable_id(id))
+            }
+            LedgerError::Overflow => write!(f, "ERR amount out of range: the sum would overflow"),
+            LedgerError::TooManyPending { max } => {
+                write!(
+                    f,
+                    "LIMIT too many pending reservations on this key (max {max})"
+                )
+            }
+            LedgerError::BadEffect(why) => write!(f, "ERR effect does not apply: {why}"),
+            LedgerError::Invalid(why) => write!(f, "ERR {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LedgerError {}

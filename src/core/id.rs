@@ -1,0 +1,115 @@
+//! Generated reservation ids: stream-style `<ms>-<seq>` (the Redis Streams id scheme).
+//!
+//! A new id is strictly greater than every stream-style id the key has seen, and its `ms` part
+//! follows the master's clock, so a new master after failover (whose clock is past the old
+//! master's) does not re-issue an id that was handed out but lost in the async replication window.
+
+/// A parsed `<ms>-<seq>` id. Ordering is numeric: `ms` first, then `seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct StreamId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl StreamId {
+    pub const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
+
+    /// The next id at `now_ms`: `(now, 0)` if the clock moved past the last id, else
+    /// `(last.ms, last.seq + 1)`. `None` only if the sequence would overflow.
+    pub fn next(&self, now_ms: i64) -> Option<StreamId> {
+        let now = u64::try_from(now_ms).unwrap_or(0);
+        if now > self.ms {
+            Some(StreamId { ms: now, seq: 0 })
+        } else {
+            Some(StreamId {
+                ms: self.ms,
+                seq: self.seq.checked_add(1)?,
+            })
+        }
+    }
+
+    /// Parses the canonical form only (decimal digits, no sign, no leading zeros), so that each
+    /// id has one spelling and a parsed id always renders back to the same bytes.
+    pub fn parse(bytes: &[u8]) -> Option<StreamId> {
+        let mut parts = bytes.splitn(2, |b| *b == b'-');
+        let ms = canonical_u64(parts.next()?)?;
+        let seq = canonical_u64(parts.next()?)?;
+        Some(StreamId { ms, seq })
+    }
+
+    pub fn to_bytes(self) -> Box<[u8]> {
+        format!("{}-{}", self.ms, self.seq)
+            .into_bytes()
+            .into_boxed_slice()
+    }
+}
+
+fn canonical_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 20 || (digits.len() > 1 && digits.first() == Some(&b'0'))
+    {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n
+            .checked_mul(10)?
+            .checked_add(u64::from(d.wrapping_sub(b'0')))?;
+    }
+    Some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_follows_clock_then_sequence() {
+        let a = StreamId::ZERO.next(1000).unwrap();
+        assert_eq!(a, StreamId { ms: 1000, seq: 0 });
+        let b = a.next(1000).unwrap();
+        assert_eq!(b, StreamId { ms: 1000, seq: 1 });
+        // Clock behind the last id: keep counting from the last id.
+        assert_eq!(b.next(10).unwrap(), StreamId { ms: 1000, seq: 2 });
+        assert_eq!(b.next(2000).unwrap(), StreamId { ms: 2000, seq: 0 });
+        assert_eq!(
+            StreamId {
+                ms: 5,
+                seq: u64::MAX
+            }
+            .next(5),
+            None
+        );
+    }
+
+    #[test]
+    fn parse_is_canonical_only() {
+        assert_eq!(StreamId::parse(b"12-3"), Some(StreamId { ms: 12, seq: 3 }));
+        assert_eq!(StreamId::parse(b"0-0"), Some(StreamId::ZERO));
+        for bad in [
+            &b"012-3"[..],
+            b"12-03",
+            b"12",
+            b"-3",
+            b"12-",
+            b"a-1",
+            b"1-2-3",
+            b"+1-2",
+            b"99999999999999999999-1",
+        ] {
+            assert_eq!(
+                StreamId::parse(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let id = StreamId {
+            ms: 1732945523123,
+            seq: 7,
+        };
+        assert_eq!(StreamId::parse(&id.to_bytes()), Some(id));
+    }
+}

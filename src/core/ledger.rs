@@ -1,0 +1,884 @@
+//! The two-phase budget ledger: limit, used, reserved, available, reservations.
+//!
+//! Every command is split in two, as in TigerBeetle's state machine and in event sourcing:
+//! - **plan** (`Budget::plan_*`, pure, `&self`): decides from the logical state at `now` and
+//!   returns a [`Plan`]: the [`Effect`]s to apply plus what to reply. Denials and errors have no
+//!   effects.
+//! - **apply** (`Budget::apply`, `&mut self`): applies one fully specified effect. The master
+//!   applies the plan's effects and replicates exactly those effects; a replica or an AOF replay
+//!   applies them too and therefore never reads a clock, a config or makes an id of its own.
+//!
+//! Logical view: a reservation whose deadline has passed is *expired* (released) even before an
+//! effect has released it, and a finished id older than `keep` is *forgotten*. Reads and
+//! decisions use this view, so what a client sees never depends on when the cleanup was written.
+//!
+//! Invariants (checked by [`Budget::check_invariants`], tested with proptest):
+//! `0 <= used`, `0 <= reserved`, `used + reserved <= i64::MAX`,
+//! `reserved == sum(pending amounts)`, `available == limit - used - reserved`.
+
+use crate::core::book::{Book, Entry, Finished, Id, Outcome, Reservation};
+use crate::core::error::LedgerError;
+use crate::core::id::StreamId;
+
+/// Default reservation TTL for a new key: 1 hour.
+pub const DEFAULT_TTL_MS: i64 = 3_600_000;
+/// How long finished ids are remembered by default: 1 hour.
+pub const DEFAULT_KEEP_MS: i64 = 3_600_000;
+/// Most expired reservations released, and most finished ids forgotten, by one write.
+pub const MAINTENANCE_BATCH: usize = 64;
+
+/// Settings a QUOTA.SET applies. All amounts in the tenant's unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub limit: i64,
+    /// How far below zero `available` may go through reservations and charges.
+    pub overdraft: i64,
+    /// Largest single reservation or charge; `None` = no cap.
+    pub max_reserve: Option<i64>,
+    /// Reservation TTL when RESERVE gives none (ms, > 0).
+    pub default_ttl_ms: i64,
+}
+
+/// Per-call policy from the module configs: applied on the master only, while planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// How long finished ids are remembered (ms).
+    pub keep_ms: i64,
+    /// Most pending reservations per key (`i64::MAX` = no cap).
+    pub max_pending: i64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            keep_ms: DEFAULT_KEEP_MS,
+            max_pending: i64::MAX,
+        }
+    }
+}
+
+/// A fully specified state change. Applying the same effects to the same state gives the same
+/// state, byte for byte: this is what is replicated and written to the AOF.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// QUOTA.SET: new settings and the resulting `used`.
+    Configure { settings: Settings, used: i64 },
+    /// A new pending reservation created at the step's time.
+    Grant {
+        id: Id,
+        amount: i64,
+        deadline_ms: i64,
+    },
+    /// pending → settled: reserved −= amount, used += actual.
+    Settle { id: Id, actual: i64 },
+    /// expired → settled late: used += actual.
+    SettleLate { id: Id, actual: i64 },
+    /// pending → rolled back: reserved −= amount.
+    Rollback { id: Id },
+    /// pending → expired: reserved −= amount.
+    Release { id: Id },
+    /// A pending reservation's new deadline.
+    Extend { id: Id, deadline_ms: i64 },
+    /// used += amount; `overrun` is what went beyond available; `id` is remembered if given.
+    Charge {
+        amount: i64,
+        overrun: i64,
+        id: Option<Id>,
+    },
+    /// A finished id is dropped.
+    Forget { id: Id },
+}
+
+/// What a plan replies, besides the effects it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan<R> {
+    pub effects: Vec<Effect>,
+    pub reply: R,
+}
+
+/// The logical numbers of a budget at some time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub limit: i64,
+    pub used: i64,
+    pub reserved: i64,
+    /// limit − used − reserved; negative when overdrawn.
+    pub available: i64,
+    pub overdraft: i64,
+    pub max_reserve: Option<i64>,
+    pub default_ttl_ms: i64,
+    /// Live pending reservations.
+    pub pending: i64,
+    /// Units charged beyond what was reserved or available.
+    pub overrun: i64,
+}
+
+/// The logical state of one id at some time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdState {
+    Unknown,
+    Pending(Reservation),
+    /// Expired; `unreleased` while no Release effect has been applied yet.
+    Expired {
+        amount: i64,
+        unreleased: bool,
+    },
+    Done(Outcome),
+}
+
+/// RESERVE's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveReply {
+    Granted {
+        id: Id,
+    },
+    /// A retried RESERVE of a pending id with the same amount: nothing changes.
+    Retried {
+        id: Id,
+    },
+    Denied,
+}
+
+/// SETTLE's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleStatus {
+    Settled,
+    Late,
+    Duplicate,
+}
+
+/// ROLLBACK's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackStatus {
+    RolledBack,
+    Duplicate,
+    Expired,
+}
+
+/// A budget: one key's ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    pub(crate) settings: Settings,
+    pub(crate) used: i64,
+    /// Sum of pending amounts, expired-but-unreleased included.
+    pub(crate) reserved: i64,
+    pub(crate) overrun: i64,
+    /// Latest time applied to this key: time never goes backwards for a key.
+    pub(crate) clock_ms: i64,
+    /// Last stream-style id seen or generated.
+    pub(crate) last_id: StreamId,
+    pub(crate) book: Book,
+}
+
+fn add(a: i64, b: i64) -> Result<i64, LedgerError> {
+    a.checked_add(b).ok_or(LedgerError::Overflow)
+}
+
+fn sub(a: i64, b: i64) -> Result<i64, LedgerError> {
+    a.checked_sub(b).ok_or(LedgerError::Overflow)
+}
+
+impl Budget {
+    /// An empty budget created at `at_ms` with `settings`; `used` = 0.
+    pub fn new(settings: Settings, at_ms: i64) -> Self {
+        Budget {
+            settings,
+            used: 0,
+            reserved: 0,
+            overrun: 0,
+            clock_ms: at_ms,
+            last_id: StreamId::ZERO,
+            book: Book::default(),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
+    /// The key's clock: the time a command at wall time `wall_ms` runs at.
+    pub fn now(&self, wall_ms: i64) -> i64 {
+        wall_ms.max(self.clock_ms)
+    }
+
+    /// Sum and count of expired-but-unreleased reservations at `now`.
+    fn unreleased_expired(&self, now: i64) -> (i64, i64) {
+        let mut sum = 0i64;
+        let mut count = 0i64;
+        for (deadline, id) in self.book.by_deadline() {
+            if *deadline > now {
+                break;
+            }
+            if let Some(Entry::Pending(r)) = self.book.get(id) {
+                // Bounded by `reserved`, which is a valid i64.
+                sum = sum.saturating_add(r.amount);
+                count = count.saturating_add(1);
+            }
+        }
+        (sum, count)
+    }
+
+    /// The logical numbers at `now`.
+    pub fn view(&self, now: i64) -> View {
+        let (expired_sum, expired_count) = self.unreleased_expired(now);
+        let reserved = self.reserved.saturating_sub(expired_sum).max(0);
+        let pending = i64::try_from(self.book.pending_len())
+            .unwrap_or(i64::MAX)
+            .saturating_sub(expired_count);
+        View {
+            limit: self.settings.limit,
+            used: self.used,
+            reserved,
+            // used + reserved <= i64::MAX and limit >= 0, so this cannot overflow; saturate anyway.
+            available: self
+                .settings
+                .limit
+                .saturating_sub(self.used)
+                .saturating_sub(reserved),
+            overdraft: self.settings.overdraft,
+            max_reserve: self.settings.max_reserve,
+            default_ttl_ms: self.settings.default_ttl_ms,
+            pending,
+            overrun: self.overrun,
+        }
+    }
+
+    /// The logical state of `id` at `now` with finished ids kept for `keep_ms`.
+    pub fn id_state(&self, id: &[u8], now: i64, keep_ms: i64) -> IdState {
+        match self.book.get(id) {
+            None => IdState::Unknown,
+            Some(Entry::Pending(r)) => {
+                if now < r.deadline_ms {
+                    IdState::Pending(*r)
+                } else if now >= r.deadline_ms.saturating_add(keep_ms) {
+                    IdState::Unknown
+                } else {
+                    IdState::Expired {
+                        amount: r.amount,
+                        unreleased: true,
+                    }
+                }
+            }
+            Some(Entry::Finished(f)) => {
+                if now >= f.finished_ms.saturating_add(keep_ms) {
+                    IdState::Unknown
+                } else if let Outcome::Expired { amount } = f.outcome {
+                    IdState::Expired {
+                        amount,
+                        unreleased: false,
+                    }
+                } else {
+                    IdState::Done(f.outcome)
+                }
+            }
+        }
+    }
+
+    /// Effects that bring `id`'s physical entry in line with its logical state (release an
+    /// expired reservation, forget a stale id) before a command acts on it.
+    fn prepare_id(&self, id: &[u8], now: i64, keep_ms: i64, effects: &mut Vec<Effect>) {
+        let (release, forget) = match self.book.get(id) {
+            None => (false, false),
+            Some(Entry::Pending(r)) => (
+                now >= r.deadline_ms,
+                now >= r.deadline_ms.saturating_add(keep_ms),
+            ),
+            Some(Entry::Finished(f)) => (false, now >= f.finished_ms.saturating_add(keep_ms)),
+        };
+        if release {
+            effects.push(Effect::Release { id: id.into() });
+        }
+        if forget {
+            effects.push(Effect::Forget { id: id.into() });
+        }
+    }
+
+    /// Bounded cleanup that rides along with a write: release expired reservations and forget
+    /// stale finished ids, at most [`MAINTENANCE_BATCH`] of each, skipping `skip` (already
+    /// prepared by the command).
+    pub fn maintenance(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for (deadline, id) in self.book.by_deadline().take(MAINTENANCE_BATCH) {
+            if *deadline > now {
+                break;
+            }
+            if skip == Some(&id[..]) {
+                continue;
+            }
+            effects.push(Effect::Release { id: id.clone() });
+            if now >= deadline.saturating_add(keep_ms) {
+                effects.push(Effect::Forget { id: id.clone() });
+            }
+        }
+        for (finished, id) in self.book.by_finish().take(MAINTENANCE_BATCH) {
+            if now < finished.saturating_add(keep_ms) {
+                break;
+            }
+            if skip == Some(&id[..]) {
+                continue;
+            }
+            effects.push(Effect::Forget { id: id.clone() });
+        }
+        effects
+    }
+
+    /// Command effects preceded by the preparation of `id` and the bounded maintenance.
+    fn with_upkeep(
+        &self,
+        now: i64,
+        keep_ms: i64,
+        id: Option<&[u8]>,
+        command: Vec<Effect>,
+    ) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if let Some(id) = id {
+            self.prepare_id(id, now, keep_ms, &mut effects);
+        }
+        effects.extend(self.maintenance(now, keep_ms, id));
+        effects.extend(command);
+        effects
+    }
+
+    /// Next generated id at `now`: stream-style `<ms>-<seq>`, strictly greater than any
+    /// stream-style id this key has seen, so ids stay unique across restarts and failovers.
+    fn next_id(&self, now: i64) -> Result<Id, LedgerError> {
+        let mut candidate = self.last_id.next(now).ok_or(LedgerError::Overflow)?;
+        // Unreachable in practice (apply raises last_id past every stream-style id), bounded anyway.
+        for _ in 0..16 {
+            let id = candidate.to_bytes();
+            if self.book.get(&id).is_none() {
+                return Ok(id);
+            }
+            candidate = candidate.next(now).ok_or(LedgerError::Overflow)?;
+        }
+        Err(LedgerError::Invalid("could not generate a fresh id"))
+    }
+
+    /// Checks an amount against MAXRESERVE.
+    fn check_max(&self, amount: i64) -> Result<(), LedgerError> {
+        match self.settings.max_reserve {
+            Some(max) if amount > max => Err(LedgerError::TooLarge { amount, max }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Does `amount` fit in `available + overdraft` at `view`?
+    fn fits(view: &View, amount: i64) -> bool {
+        // available >= -i64::MAX and overdraft >= 0: widen to avoid any overflow.
+        i128::from(amount) <= i128::from(view.available) + i128::from(view.overdraft)
+    }
+
+    /// QUOTA.SET on an existing key. `used` overwrites used when given.
+    pub fn plan_configure(
+        &self,
+        now: i64,
+        policy: &Policy,
+        settings: Settings,
+        used: Option<i64>,
+    ) -> Result<Plan<()>, LedgerError> {
+        validate_settings(&settings)?;
+        let used = used.unwrap_or(self.used);
+        // Stays within used + reserved <= i64::MAX whatever is released later.
+        add(used, self.reserved)?;
+        let effects = self.with_upkeep(
+            now,
+            policy.keep_ms,
+            None,
+            vec![Effect::Configure { settings, used }],
+        );
+        Ok(Plan { effects, reply: () })
+    }
+
+    /// QUOTA.RESERVE: grant iff `amount <= available + overdraft`.
+    pub fn plan_reserve(
+        &self,
+        now: i64,
+        policy: &Policy,
+        amount: i64,
+        id: Option<&[u8]>,
+        ttl_ms: Option<i64>,
+    ) -> Result<Plan<ReserveReply>, LedgerError> {
+        if amount < 0 {
+            return Err(LedgerError::Invalid("amount must not be negative"));
+        }
+        self.check_max(amount)?;
+        if let Some(id) = id {
+            match self.id_state(id, now, policy.keep_ms) {
+                IdState::Unknown => {}
+                IdState::Pending(r) if r.amount == amount => {
+                    return Ok(Plan {
+                        effects: Vec::new(),
+                        reply: ReserveReply::Retried { id: id.into() },
+                    })
+                }
+                IdState::Pending(_) => {
+                    return Err(conflict(id, "pending", "pending with a different amount"))
+                }
+                IdState::Expired { .. } => {
+                    return Err(conflict(
+                        id,
+                        "expired",
+                        "a finished id cannot be reserved again",
+                    ))
+                }
+                IdState::Done(o) => {
+                    return Err(conflict(
+                        id,
+                        o.state_name(),
+                        "a finished id cannot be reserved again",
+                    ))
+                }
+            }
+        }
+        let view = self.view(now);
+        if !Self::fits(&view, amount) {
+            return Ok(Plan {
+                effects: Vec::new(),
+                reply: ReserveReply::Denied,
+            });
+        }
+        if view.pending >= policy.max_pending {
+            return Err(LedgerError::TooManyPending {
+                max: policy.max_pending,
+            });
+        }
+        let ttl = ttl_ms.unwrap_or(self.settings.default_ttl_ms);
+        if ttl <= 0 {
+            return Err(LedgerError::Invalid("TTL must be positive"));
+        }
+        let deadline_ms = add(now, ttl)?;
+        // used + reserved must stay in range, counting still-unreleased expired amounts.
+        add(add(self.used, self.reserved)?, amount)?;
+        let id: Id = match id {
+            Some(id) => id.into(),
+            None => self.next_id(now)?,
+        };
+        let grant = Effect::Grant {
+            id: id.clone(),
+            amount,
+            deadline_ms,
+        };
+        let effects = self.with_upkeep(now, policy.keep_ms, Some(&id), vec![grant]);
+        Ok(Plan {
+            effects,
+            reply: ReserveReply::Granted { id },
+        })
+    }
+
+    /// QUOTA.SETTLE: charge `actual` for reservation `id`. Reply: (status, charged).
+    pub fn plan_settle(
+        &self,
+        now: i64,
+        policy: &Policy,
+        id: &[u8],
+        actual: i64,
+    ) -> Result<Plan<(SettleStatus, i64)>, LedgerError> {
+        if actual < 0 {
+            return Err(LedgerError::Invalid("actual must not be negative"));
+        }
+        let (status, effect) = match self.id_state(id, now, policy.keep_ms) {
+            IdState::Unknown => return Err(LedgerError::NoReservation { id: id.to_vec() }),
+            IdState::Pending(r) => {
+                add(sub(add(self.used, self.reserved)?, r.amount)?, actual)?;
+                (
+                    SettleStatus::Settled,
+                    Effect::Settle {
+                        id: id.into(),
+                        actual,
+                    },
+                )
+            }
+            IdState::Expired { amount, unreleased } => {
+                let reserved = if unreleased {
+                    sub(self.reserved, amount)?
+                } else {
+                    self.reserved
+                };
+                add(add(self.used, reserved)?, actual)?;
+                (
+                    SettleStatus::Late,
+                    Effect::SettleLate {
+                        id: id.into(),
+                        actual,
+                    },
+                )
+            }
+            IdState::Done(Outcome::Settled { actual: a, .. }) if a == actual => {
+                return Ok(Plan {
+                    effects: Vec::new(),
+                    reply: (SettleStatus::Duplicate, a),
+                })
+            }
+            IdState::Done(Outcome::Settled { .. }) => {
+                return Err(conflict(
+                    id,
+                    "settled",
+                    "already settled with another actual",
+                ))
+            }
+            IdState::Done(o) => return Err(conflict(id, o.state_name(), "it cannot be settled")),
+        };
+        let effects = self.with_upkeep(now, policy.keep_ms, Some(id), vec![effect]);
+        Ok(Plan {
+            effects,
+            reply: (status, actual),
+        })
+    }
+
+    /// QUOTA.ROLLBACK: release reservation `id`. Reply: (status, released).
+    pub fn plan_rollback(
+        &self,
+        now: i64,
+        policy: &Policy,
+        id: &[u8],
+    ) -> Result<Plan<(RollbackStatus, i64)>, LedgerError> {
+        let (status, released, command) = match self.id_state(id, now, policy.keep_ms) {
+            IdState::Unknown => return Err(LedgerError::NoReservation { id: id.to_vec() }),
+            IdState::Pending(r) => (
+                RollbackStatus::RolledBack,
+                r.amount,
+                vec![Effect::Rollback { id: id.into() }],
+            ),
+            IdState::Expired { .. } => (RollbackStatus::Expired, 0, Vec::new()),
+            IdState::Done(Outcome::RolledBack { .. }) => (RollbackStatus::Duplicate, 0, Vec::new()),
+            IdState::Done(o) => {
+                return Err(conflict(id, o.state_name(), "a rollback never un-charges"))
+            }
+        };
+        // An expired or duplicate rollback only writes the pending cleanup of its own id.
+        let effects = if command.is_empty() {
+            let mut e = Vec::new();
+            self.prepare_id(id, now, policy.keep_ms, &mut e);
+            e
+        } else {
+            self.with_upkeep(now, policy.keep_ms, Some(id), command)
+        };
+        Ok(Plan {
+            effects,
+            reply: (status, released),
+        })
+    }
+
+    /// QUOTA.EXTEND: the pending reservation now expires at `now + ttl_ms`.
+    pub fn plan_extend(
+        &self,
+        now: i64,
+        policy: &Policy,
+        id: &[u8],
+        ttl_ms: i64,
+    ) -> Result<Plan<i64>, LedgerError> {
+        if ttl_ms <= 0 {
+            return Err(LedgerError::Invalid("TTL must be positive"));
+        }
+        match self.id_state(id, now, policy.keep_ms) {
+            IdState::Unknown => Err(LedgerError::NoReservation { id: id.to_vec() }),
+            IdState::Pending(_) => {
+                let deadline_ms = add(now, ttl_ms)?;
+                let effects = self.with_upkeep(
+                    now,
+                    policy.keep_ms,
+                    Some(id),
+                    vec![Effect::Extend {
+                        id: id.into(),
+                        deadline_ms,
+                    }],
+                );
+                Ok(Plan {
+                    effects,
+                    reply: ttl_ms,
+                })
+            }
+            IdState::Expired { .. } => Err(conflict(id, "expired", "it can no longer be extended")),
+            IdState::Done(o) => Err(conflict(id, o.state_name(), "it can no longer be extended")),
+        }
+    }
+
+    /// QUOTA.CHARGE: one-phase check-and-deduct. Reply: charged?
+    pub fn plan_charge(
+        &self,
+        now: i64,
+        policy: &Policy,
+        amount: i64,
+        id: Option<&[u8]>,
+        force: bool,
+    ) -> Result<Plan<bool>, LedgerError> {
+        if amount < 0 {
+            return Err(LedgerError::Invalid("amount must not be negative"));
+        }
+        if let Some(id) = id {
+            match self.id_state(id, now, policy.keep_ms) {
+                IdState::Unknown => {}
+                IdState::Done(Outcome::Charged { amount: a }) if a == amount => {
+                    return Ok(Plan {
+                        effects: Vec::new(),
+                        reply: true,
+                    })
+                }
+                IdState::Done(Outcome::Charged { .. }) => {
+                    return Err(conflict(id, "charged", "already charged another amount"))
+                }
+                IdState::Pending(_) => {
+                    return Err(conflict(id, "pending", "the id belongs to a reservation"))
+                }
+                IdState::Expired { .. } => {
+                    return Err(conflict(id, "expired", "the id belongs to a reservation"))
+                }
+                IdState::Done(o) => {
+                    return Err(conflict(
+                        id,
+                        o.state_name(),
+                        "the id belongs to a reservation",
+                    ))
+                }
+            }
+        }
+        if !force {
+            self.check_max(amount)?;
+        }
+        let view = self.view(now);
+        if !force && !Self::fits(&view, amount) {
+            return Ok(Plan {
+                effects: Vec::new(),
+                reply: false,
+            });
+        }
+        add(add(self.used, self.reserved)?, amount)?;
+        // What goes beyond a non-negative available is overrun.
+        let overrun = amount.saturating_sub(view.available.max(0)).max(0);
+        let charge = Effect::Charge {
+            amount,
+            overrun,
+            id: id.map(Id::from),
+        };
+        let effects = self.with_upkeep(now, policy.keep_ms, id, vec![charge]);
+        Ok(Plan {
+            effects,
+            reply: true,
+        })
+    }
+
+    /// Live pending reservations at `now`, soonest expiry first, at most `count`:
+    /// `(id, amount, age_ms, ttl_ms)`.
+    pub fn pending(&self, now: i64, count: usize) -> Vec<(Id, i64, i64, i64)> {
+        self.book
+            .live_after(now)
+            .take(count)
+            .map(|(id, r)| {
+                (
+                    id.clone(),
+                    r.amount,
+                    now.saturating_sub(r.created_ms).max(0),
+                    r.deadline_ms.saturating_sub(now),
+                )
+            })
+            .collect()
+    }
+
+    /// Applies one effect at `at_ms`. Validates before mutating: on error nothing changed.
+    pub fn apply(&mut self, at_ms: i64, effect: &Effect) -> Result<(), LedgerError> {
+        let at = at_ms.max(self.clock_ms);
+        match effect {
+            Effect::Configure { settings, used } => {
+                validate_settings(settings)?;
+                if *used < 0 {
+                    return Err(LedgerError::BadEffect("negative used"));
+                }
+                add(*used, self.reserved)?;
+                self.settings = *settings;
+                self.used = *used;
+            }
+            Effect::Grant {
+                id,
+                amount,
+                deadline_ms,
+            } => {
+                if *amount < 0 {
+                    return Err(LedgerError::BadEffect("negative amount"));
+                }
+                if self.book.get(id).is_some() {
+                    return Err(LedgerError::BadEffect("grant of a known id"));
+                }
+                let reserved = add(self.reserved, *amount)?;
+                add(self.used, reserved)?;
+                self.reserved = reserved;
+                if let Some(sid) = StreamId::parse(id) {
+                    self.last_id = self.last_id.max(sid);
+                }
+                self.book.put(
+                    id.clone(),
+                    Entry::Pending(Reservation {
+                        amount: *amount,
+                        created_ms: at,
+                        deadline_ms: *deadline_ms,
+                    }),
+                );
+            }
+            Effect::Settle { id, actual } => {
+                let r = self.pending_entry(id)?;
+                if *actual < 0 {
+                    return Err(LedgerError::BadEffect("negative actual"));
+                }
+                let reserved = sub(self.reserved, r.amount)?;
+                let used = add(self.used, *actual)?;
+                add(used, reserved)?;
+                self.reserved = reserved;
+                self.used = used;
+                self.overrun = self
+                    .overrun
+                    .saturating_add(actual.saturating_sub(r.amount).max(0));
+                self.finish(
+                    id,
+                    Outcome::Settled {
+                        actual: *actual,
+                        late: false,
+                    },
+                    at,
+                );
+            }
+            Effect::SettleLate { id, actual } => {
+                let amount = match self.book.get(id) {
+                    Some(Entry::Finished(Finished {
+                        outcome: Outcome::Expired { amount },
+                        ..
+                    })) => *amount,
+                    _ => return Err(LedgerError::BadEffect("late settle of a non-expired id")),
+                };
+                if *actual < 0 {
+                    return Err(LedgerError::BadEffect("negative actual"));
+                }
+                let used = add(self.used, *actual)?;
+                add(used, self.reserved)?;
+                self.used = used;
+                self.overrun = self
+                    .overrun
+                    .saturating_add(actual.saturating_sub(amount).max(0));
+                self.finish(
+                    id,
+                    Outcome::Settled {
+                        actual: *actual,
+                        late: true,
+                    },
+                    at,
+                );
+            }
+            Effect::Rollback { id } => {
+                let r = self.pending_entry(id)?;
+                self.reserved = sub(self.reserved, r.amount)?;
+                self.finish(id, Outcome::RolledBack { amount: r.amount }, at);
+            }
+            Effect::Release { id } => {
+                let r = self.pending_entry(id)?;
+                self.reserved = sub(self.reserved, r.amount)?;
+                // Finished at the deadline: swept and unswept expiries are remembered alike.
+                self.finish(id, Outcome::Expired { amount: r.amount }, r.deadline_ms);
+            }
+            Effect::Extend { id, deadline_ms } => {
+                let mut r = self.pending_entry(id)?;
+                r.deadline_ms = *deadline_ms;
+                self.book.put(id.clone(), Entry::Pending(r));
+            }
+            Effect::Charge {
+                amount,
+                overrun,
+                id,
+            } => {
+                if *amount < 0 || *overrun < 0 {
+                    return Err(LedgerError::BadEffect("negative charge"));
+                }
+                if let Some(id) = id {
+                    if self.book.get(id).is_some() {
+                        return Err(LedgerError::BadEffect("charge with a known id"));
+                    }
+                }
+                let used = add(self.used, *amount)?;
+                add(used, self.reserved)?;
+                self.used = used;
+                self.overrun = self.overrun.saturating_add(*overrun);
+                if let Some(id) = id {
+                    self.finish(id, Outcome::Charged { amount: *amount }, at);
+                }
+            }
+            Effect::Forget { id } => match self.book.get(id) {
+                Some(Entry::Finished(_)) => {
+                    self.book.remove(id);
+                }
+                _ => {
+                    return Err(LedgerError::BadEffect(
+                        "forget of an id that is not finished",
+                    ))
+                }
+            },
+        }
+        self.clock_ms = at;
+        Ok(())
+    }
+
+    fn pending_entry(&self, id: &[u8]) -> Result<Reservation, LedgerError> {
+        match self.book.get(id) {
+            Some(Entry::Pending(r)) => Ok(*r),
+            _ => Err(LedgerError::BadEffect("id is not pending")),
+        }
+    }
+
+    fn finish(&mut self, id: &Id, outcome: Outcome, finished_ms: i64) {
+        self.book.put(
+            id.clone(),
+            Entry::Finished(Finished {
+                outcome,
+                finished_ms,
+            }),
+        );
+    }
+
+    /// Checks the ledger invariants; used after loading untrusted data and in tests.
+    pub fn check_invariants(&self) -> Result<(), LedgerError> {
+        validate_settings(&self.settings)?;
+        if self.used < 0 || self.reserved < 0 || self.overrun < 0 {
+            return Err(LedgerError::BadEffect("negative counter"));
+        }
+        add(self.used, self.reserved)?;
+        let mut sum = 0i64;
+        for (_, entry) in self.book.entries() {
+            if let Entry::Pending(r) = entry {
+                if r.amount < 0 {
+                    return Err(LedgerError::BadEffect("negative reservation"));
+                }
+                sum = add(sum, r.amount)?;
+            }
+        }
+        if sum != self.reserved {
+            return Err(LedgerError::BadEffect(
+                "reserved differs from the pending sum",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn conflict(id: &[u8], state: &'static str, why: &'static str) -> LedgerError {
+    LedgerError::Conflict {
+        id: id.to_vec(),
+        state,
+        why,
+    }
+}
+
+/// Validates settings from a command, an effect or a loaded value.
+pub fn validate_settings(s: &Settings) -> Result<(), LedgerError> {
+    if s.limit < 0 || s.overdraft < 0 {
+        return Err(LedgerError::Invalid(
+            "LIMIT and OVERDRAFT must not be negative",
+        ));
+    }
+    if matches!(s.max_reserve, Some(m) if m < 0) {
+        return Err(LedgerError::Invalid("MAXRESERVE must not be negative"));
+    }
+    if s.default_ttl_ms <= 0 {
+        return Err(LedgerError::Invalid("TTL must be positive"));
+    }
+    Ok(())
+}

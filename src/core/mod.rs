@@ -1,0 +1,10 @@
+//! The pure core: ledger, reservation book, ids, sliding windows and calendar periods.
+//!
+//! Plain Rust with no Redis types: time comes in as an argument (unix ms), nothing reads a clock,
+//! and every state change is an explicit effect, so the same code runs on the master, on replicas
+//! and in AOF replays, and is unit- and property-tested on its own.
+
+pub mod book;
+pub mod error;
+pub mod id;
+pub mod ledger;

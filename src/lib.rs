@@ -1,0 +1,69 @@
+//! redis-quota: a Redis module with native, atomic quota commands for multi-tenant LLM and API
+//! gateways — two-phase budgets (RESERVE → SETTLE / ROLLBACK), one-phase charges.
+//!
+//! Layout: [`core`] is the pure ledger (no Redis types); [`shell`] is the thin Redis layer
+//! (arguments, replies, data type callbacks, replication, configs). This file only registers.
+
+pub mod core;
+pub mod shell;
+
+use redis_module::{configuration::ConfigurationFlags, redis_module, Context, RedisString, Status};
+
+use shell::apply_cmds::{quota_apply, quota_load};
+use shell::budget_cmds::{
+    quota_charge, quota_extend, quota_info, quota_pending, quota_reserve, quota_rollback,
+    quota_set, quota_settle,
+};
+use shell::budget_type::BUDGET_TYPE;
+use shell::config;
+
+/// Logs any panic with its location to the Redis log before Redis aborts, so the cause is never
+/// lost. Panics must be unreachable from input and loaded data; this is the last line.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = format!("quota: PANIC (Redis will abort): {info}");
+        redis_module::logging::log_warning(shell::log_safe(&msg));
+    }));
+}
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    install_panic_hook();
+    // Without it a short read during RDB load is a server panic and replicas refuse diskless load.
+    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    Status::Ok
+}
+
+redis_module! {
+    name: "quota",
+    version: 1,
+    allocator: (shell::alloc::QuotaAlloc, shell::alloc::QuotaAlloc),
+    data_types: [BUDGET_TYPE],
+    init: init,
+    commands: [
+        ["QUOTA.SET", quota_set, "write deny-oom", 1, 1, 1, ""],
+        ["QUOTA.INFO", quota_info, "readonly fast", 1, 1, 1, ""],
+        ["QUOTA.RESERVE", quota_reserve, "write deny-oom fast", 1, 1, 1, ""],
+        ["QUOTA.SETTLE", quota_settle, "write fast", 1, 1, 1, ""],
+        ["QUOTA.ROLLBACK", quota_rollback, "write fast", 1, 1, 1, ""],
+        ["QUOTA.EXTEND", quota_extend, "write fast", 1, 1, 1, ""],
+        ["QUOTA.CHARGE", quota_charge, "write deny-oom fast", 1, 1, 1, ""],
+        ["QUOTA.PENDING", quota_pending, "readonly", 1, 1, 1, ""],
+        ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, ""],
+        ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, ""],
+    ],
+    configurations: [
+        i64: [
+            ["default-ttl", &config::DEFAULT_TTL, 3_600_000, 1, i64::MAX, ConfigurationFlags::DEFAULT, None],
+            ["finished-ttl", &config::FINISHED_TTL, 3_600_000, 0, i64::MAX, ConfigurationFlags::DEFAULT, None],
+            ["max-pending", &config::MAX_PENDING, 1_000_000, 1, i64::MAX, ConfigurationFlags::DEFAULT, None],
+            ["max-id-length", &config::MAX_ID_LENGTH, 128, 1, 65_536, ConfigurationFlags::DEFAULT, None],
+            ["sweep-effort", &config::SWEEP_EFFORT, 1000, 1, 1_000_000, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [],
+        bool: [
+            ["test-clock", &config::TEST_CLOCK, false, ConfigurationFlags::DEFAULT, None],
+        ],
+        enum: [],
+        module_args_as_configuration: true,
+    ]
+}

@@ -1,0 +1,78 @@
+//! Internal commands that carry effects to replicas and the AOF:
+//! - `QUOTA.APPLY key at_ms EFFECT args ...` (see [`crate::shell::effects`]), one per write;
+//! - `QUOTA.LOAD key encver payload`, the exact state of a key, written by AOF rewrite.
+//!
+//! Both are accepted only from the master link or while loading: a client could otherwise
+//! forge any state.
+
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::core::ledger::{Budget, Effect};
+use crate::shell::args::Args;
+use crate::shell::budget_cmds::apply_all;
+use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::{effects, persist};
+
+/// Is this call replaying the master's stream or the AOF?
+fn from_replication_or_loading(ctx: &Context) -> bool {
+    let flags = ctx.get_flags();
+    flags.contains(ContextFlags::REPLICATED) || flags.contains(ContextFlags::LOADING)
+}
+
+fn internal_only(name: &str) -> RedisError {
+    RedisError::String(format!(
+        "ERR {name} is internal: it is accepted only from the master or while loading the AOF"
+    ))
+}
+
+/// `QUOTA.APPLY key at_ms EFFECT args [EFFECT args ...]` → OK.
+pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if !from_replication_or_loading(ctx) {
+        return Err(internal_only("QUOTA.APPLY"));
+    }
+    let mut a = Args::new(&args, 3)?;
+    let key_name = a.next_string()?;
+    let at = a.next_i64()?;
+    let list = effects::decode(args.iter().skip(3).map(RedisString::as_slice))?;
+    let key = ctx.open_key_writable(key_name);
+    let result = match crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))? {
+        Some(budget) => apply_all(budget, at, &list),
+        None => {
+            // Only a CONFIG effect creates a budget.
+            let Some(Effect::Configure { settings, .. }) = list.first() else {
+                return Err(RedisError::Str("ERR QUOTA.APPLY: no budget at this key"));
+            };
+            let mut budget = Budget::new(*settings, at);
+            let result = apply_all(&mut budget, at, &list);
+            if result.applied > 0 {
+                crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+            }
+            result
+        }
+    };
+    if result.applied > 0 {
+        // Feeds this server's own AOF and sub-replicas.
+        ctx.replicate_verbatim();
+    }
+    match result.error {
+        Some(e) => Err(e),
+        None => Ok(RedisValue::SimpleStringStatic("OK")),
+    }
+}
+
+/// `QUOTA.LOAD key encver payload` → OK. Replaces the key's value with the decoded state.
+pub fn quota_load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if !from_replication_or_loading(ctx) {
+        return Err(internal_only("QUOTA.LOAD"));
+    }
+    let mut a = Args::new(&args, 3)?;
+    let key_name = a.next_string()?;
+    let encver = i32::try_from(a.next_i64()?).map_err(|_| RedisError::Str("ERR bad encver"))?;
+    let payload = a.next_bytes()?;
+    let budget = persist::decode_budget(encver, payload)
+        .map_err(|e| RedisError::String(format!("ERR QUOTA.LOAD: {e}")))?;
+    let key = ctx.open_key_writable(key_name);
+    crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}

@@ -1,0 +1,100 @@
+//! Argument parsing for QUOTA.* commands: a cursor over the command's arguments that yields
+//! integers, byte strings and keywords with Redis-style error messages.
+
+use redis_module::{RedisError, RedisString};
+
+/// The standard Redis reply for a bad integer.
+pub const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
+
+/// A cursor over a command's arguments (after the command name).
+pub struct Args<'a> {
+    args: &'a [RedisString],
+    pos: usize,
+}
+
+impl<'a> Args<'a> {
+    /// Arguments after the command name; `WrongArity` if there are fewer than `min`.
+    pub fn new(all: &'a [RedisString], min: usize) -> Result<Self, RedisError> {
+        let args = all.get(1..).unwrap_or(&[]);
+        if args.len() < min {
+            return Err(RedisError::WrongArity);
+        }
+        Ok(Args { args, pos: 0 })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.args.len()
+    }
+
+    /// The next argument as bytes.
+    pub fn next_bytes(&mut self) -> Result<&'a [u8], RedisError> {
+        let arg = self
+            .args
+            .get(self.pos)
+            .ok_or(RedisError::Str("ERR syntax error: an argument is missing"))?;
+        self.pos = self.pos.saturating_add(1);
+        Ok(arg.as_slice())
+    }
+
+    /// The next argument as the `RedisString` (for keys).
+    pub fn next_string(&mut self) -> Result<&'a RedisString, RedisError> {
+        let arg = self.args.get(self.pos).ok_or(RedisError::WrongArity)?;
+        self.pos = self.pos.saturating_add(1);
+        Ok(arg)
+    }
+
+    /// The next argument as a signed 64-bit integer.
+    pub fn next_i64(&mut self) -> Result<i64, RedisError> {
+        parse_i64(self.next_bytes()?)
+    }
+
+    /// The next argument as a non-negative integer named `what` (for the error message).
+    pub fn next_amount(&mut self, what: &str) -> Result<i64, RedisError> {
+        let n = self.next_i64()?;
+        if n < 0 {
+            return Err(RedisError::String(format!(
+                "ERR {what} must not be negative"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// The next argument as a positive integer number of ms named `what`.
+    pub fn next_positive(&mut self, what: &str) -> Result<i64, RedisError> {
+        let n = self.next_i64()?;
+        if n <= 0 {
+            return Err(RedisError::String(format!("ERR {what} must be positive")));
+        }
+        Ok(n)
+    }
+}
+
+/// Parses a decimal i64 exactly as Redis does (no spaces, no `+`, no leading zeros required).
+pub fn parse_i64(bytes: &[u8]) -> Result<i64, RedisError> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .filter(|s| !s.starts_with('+') && !s.is_empty())
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or(RedisError::Str(NOT_AN_INTEGER))
+}
+
+/// An id argument: 1..=`max_len` bytes.
+pub fn check_id(id: &[u8], max_len: i64) -> Result<(), RedisError> {
+    if id.is_empty() {
+        return Err(RedisError::Str("ERR id must not be empty"));
+    }
+    if i64::try_from(id.len()).unwrap_or(i64::MAX) > max_len {
+        return Err(RedisError::String(format!(
+            "ERR id is longer than {max_len} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// A syntax error naming the unexpected token (printable, bounded).
+pub fn syntax_error(token: &[u8]) -> RedisError {
+    RedisError::String(format!(
+        "ERR syntax error near '{}'",
+        crate::core::error::printable_id(token)
+    ))
+}

@@ -1,0 +1,141 @@
+//! The `rq-budget` module data type: RDB save/load, AOF rewrite, digest, MEMORY USAGE, COPY, free.
+//!
+//! All callbacks are `extern "C"` and must never unwind into Redis: they only call code that
+//! returns errors (no panics on loaded data), and `free` touches no Redis API (it may run on the
+//! lazy-free thread).
+
+use std::ffi::CString;
+use std::os::raw::{c_int, c_void};
+
+use redis_module::{logging, native_types::RedisType, raw};
+
+use crate::core::ledger::Budget;
+use crate::shell::persist::{decode_budget, encode_budget, BUDGET_ENCVER};
+
+/// The budget type. The 9-character name and the encver go into every RDB: never rename it.
+pub static BUDGET_TYPE: RedisType = RedisType::new(
+    "rq-budget",
+    BUDGET_ENCVER,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        free: Some(free),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    let Some(budget) = value.cast::<Budget>().as_ref() else {
+        return;
+    };
+    raw::save_slice(rdb, &encode_budget(budget));
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    let Ok(buffer) = raw::load_string_buffer(rdb) else {
+        return std::ptr::null_mut();
+    };
+    match decode_budget(encver, buffer.as_ref()) {
+        Ok(budget) => Box::into_raw(Box::new(budget)).cast::<c_void>(),
+        Err(e) => {
+            logging::log_io_error(
+                rdb,
+                logging::RedisLogLevel::Warning,
+                &crate::shell::log_safe(&format!("rq-budget: refusing value: {e}")),
+            );
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Rewrites the key as one `QUOTA.LOAD key encver payload`: the exact state, absolute times.
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    let Some(budget) = value.cast::<Budget>().as_ref() else {
+        return;
+    };
+    emit_load(aof, key, BUDGET_ENCVER, &encode_budget(budget));
+}
+
+/// Emits `QUOTA.LOAD key encver payload` into an AOF rewrite.
+pub(crate) unsafe fn emit_load(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    encver: i32,
+    payload: &[u8],
+) {
+    let (Ok(cmd), Ok(fmt)) = (CString::new("QUOTA.LOAD"), CString::new("slb")) else {
+        return;
+    };
+    if let Some(emit) = raw::RedisModule_EmitAOF {
+        emit(
+            aof,
+            cmd.as_ptr(),
+            fmt.as_ptr(),
+            key,
+            libc::c_longlong::from(encver),
+            payload.as_ptr(),
+            payload.len(),
+        );
+    }
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    if !value.is_null() {
+        drop(Box::from_raw(value.cast::<Budget>()));
+    }
+}
+
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    match value.cast::<Budget>().as_ref() {
+        Some(b) => std::mem::size_of::<Budget>().saturating_add(b.book().heap_bytes()),
+        None => 0,
+    }
+}
+
+/// DEBUG DIGEST-VALUE: the encoded state, so any divergence between servers shows.
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    let Some(budget) = value.cast::<Budget>().as_ref() else {
+        return;
+    };
+    add_digest(md, &encode_budget(budget));
+}
+
+pub(crate) unsafe fn add_digest(md: *mut raw::RedisModuleDigest, bytes: &[u8]) {
+    if let (Some(add), Some(end)) = (
+        raw::RedisModule_DigestAddStringBuffer,
+        raw::RedisModule_DigestEndSequence,
+    ) {
+        add(md, bytes.as_ptr().cast(), bytes.len());
+        end(md);
+    }
+}
+
+unsafe extern "C" fn copy(
+    _from: *mut raw::RedisModuleString,
+    _to: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    match value.cast::<Budget>().as_ref() {
+        Some(b) => Box::into_raw(Box::new(b.clone())).cast::<c_void>(),
+        None => std::ptr::null_mut(),
+    }
+}

@@ -1,0 +1,25 @@
+//! The thin Redis shell around the pure core: argument parsing, replies, the data types'
+//! callbacks, replication of effects, time, configs.
+
+pub mod alloc;
+pub mod apply_cmds;
+pub mod args;
+pub mod budget_cmds;
+pub mod budget_type;
+pub mod clock;
+pub mod config;
+pub mod effects;
+pub mod persist;
+pub mod replicate;
+pub mod reply;
+
+/// Makes `msg` safe for the Redis log, which treats it as a printf format and stops at NUL.
+pub fn log_safe(msg: &str) -> String {
+    msg.replace('%', "%%").replace('\0', "\\0")
+}
+
+/// The crate reports a type mismatch as "Existing key has wrong Redis type" (no code prefix);
+/// Redis clients expect the canonical `WRONGTYPE` error.
+pub fn wrongtype<T>(r: Result<T, redis_module::RedisError>) -> Result<T, redis_module::RedisError> {
+    r.map_err(|_| redis_module::RedisError::WrongType)
+}

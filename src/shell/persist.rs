@@ -1,0 +1,250 @@
+//! The persisted encoding of module values: the only place that knows bincode.
+//!
+//! A value is saved as one RDB string buffer: bincode 1.3.3 (`DefaultOptions`: varint,
+//! little-endian, trailing bytes rejected) of a versioned plain struct. The RDB encoding version
+//! (`encver`) says which struct a buffer holds; every older version keeps a decoder here.
+//! bincode is pinned (`=1.3.3`, format frozen, RUSTSEC-2025-0141 "unmaintained"): swapping it
+//! means a new encver with a new decoder, nothing else.
+//!
+//! Decoding never trusts the bytes: a size limit caps every allocation at the buffer's length,
+//! and the decoded value must pass the ledger invariants before it is accepted.
+
+use bincode::Options;
+use serde::{Deserialize, Serialize};
+
+use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
+use crate::core::id::StreamId;
+use crate::core::ledger::{Budget, Settings};
+
+/// Encoding version of budget values written by this build.
+pub const BUDGET_ENCVER: i32 = 1;
+
+/// Largest value buffer accepted (1 GiB): bounds allocation on corrupt input.
+const MAX_BUFFER: u64 = 1 << 30;
+
+/// Why a buffer was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    UnknownVersion(i32),
+    Malformed(String),
+    Invalid(String),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::UnknownVersion(v) => write!(f, "unknown encoding version {v}"),
+            DecodeError::Malformed(e) => write!(f, "malformed payload: {e}"),
+            DecodeError::Invalid(e) => write!(f, "inconsistent payload: {e}"),
+        }
+    }
+}
+
+fn options() -> impl Options {
+    bincode::DefaultOptions::new().with_limit(MAX_BUFFER)
+}
+
+#[derive(Serialize, Deserialize)]
+enum OutcomeV1 {
+    Settled { actual: i64, late: bool },
+    RolledBack { amount: i64 },
+    Expired { amount: i64 },
+    Charged { amount: i64 },
+}
+
+/// Encoding version 1 of a budget.
+#[derive(Serialize, Deserialize)]
+struct BudgetV1 {
+    limit: i64,
+    used: i64,
+    reserved: i64,
+    overdraft: i64,
+    /// −1 = none.
+    max_reserve: i64,
+    default_ttl_ms: i64,
+    overrun: i64,
+    clock_ms: i64,
+    last_id: (u64, u64),
+    /// (id, amount, created_ms, deadline_ms), in id order.
+    pending: Vec<(Vec<u8>, i64, i64, i64)>,
+    /// (id, outcome, finished_ms), in id order.
+    finished: Vec<(Vec<u8>, OutcomeV1, i64)>,
+}
+
+/// Encodes a budget at the current encoding version.
+pub fn encode_budget(b: &Budget) -> Vec<u8> {
+    let mut pending = Vec::new();
+    let mut finished = Vec::new();
+    for (id, entry) in b.book.entries() {
+        match entry {
+            Entry::Pending(r) => pending.push((id.to_vec(), r.amount, r.created_ms, r.deadline_ms)),
+            Entry::Finished(f) => {
+                let o = match f.outcome {
+                    Outcome::Settled { actual, late } => OutcomeV1::Settled { actual, late },
+                    Outcome::RolledBack { amount } => OutcomeV1::RolledBack { amount },
+                    Outcome::Expired { amount } => OutcomeV1::Expired { amount },
+                    Outcome::Charged { amount } => OutcomeV1::Charged { amount },
+                };
+                finished.push((id.to_vec(), o, f.finished_ms));
+            }
+        }
+    }
+    let v = BudgetV1 {
+        limit: b.settings.limit,
+        used: b.used,
+        reserved: b.reserved,
+        overdraft: b.settings.overdraft,
+        max_reserve: b.settings.max_reserve.unwrap_or(-1),
+        default_ttl_ms: b.settings.default_ttl_ms,
+        overrun: b.overrun,
+        clock_ms: b.clock_ms,
+        last_id: (b.last_id.ms, b.last_id.seq),
+        pending,
+        finished,
+    };
+    // Serializing plain integers and byte vectors into a Vec cannot fail under the 1 GiB limit
+    // unless the value itself is larger; an empty buffer then fails loudly on load instead.
+    options().serialize(&v).unwrap_or_default()
+}
+
+/// Decodes a budget written at encoding version `encver`.
+pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
+    match encver {
+        1 => decode_v1(bytes),
+        v => Err(DecodeError::UnknownVersion(v)),
+    }
+}
+
+fn decode_v1(bytes: &[u8]) -> Result<Budget, DecodeError> {
+    let v: BudgetV1 = options()
+        .deserialize(bytes)
+        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let mut book = Book::default();
+    for (id, amount, created_ms, deadline_ms) in v.pending {
+        if id.is_empty() || book.get(&id).is_some() {
+            return Err(DecodeError::Invalid("empty or repeated id".into()));
+        }
+        book.put(
+            id.into_boxed_slice(),
+            Entry::Pending(Reservation {
+                amount,
+                created_ms,
+                deadline_ms,
+            }),
+        );
+    }
+    for (id, o, finished_ms) in v.finished {
+        if id.is_empty() || book.get(&id).is_some() {
+            return Err(DecodeError::Invalid("empty or repeated id".into()));
+        }
+        let outcome = match o {
+            OutcomeV1::Settled { actual, late } => Outcome::Settled { actual, late },
+            OutcomeV1::RolledBack { amount } => Outcome::RolledBack { amount },
+            OutcomeV1::Expired { amount } => Outcome::Expired { amount },
+            OutcomeV1::Charged { amount } => Outcome::Charged { amount },
+        };
+        book.put(
+            id.into_boxed_slice(),
+            Entry::Finished(Finished {
+                outcome,
+                finished_ms,
+            }),
+        );
+    }
+    let budget = Budget {
+        settings: Settings {
+            limit: v.limit,
+            overdraft: v.overdraft,
+            max_reserve: (v.max_reserve >= 0).then_some(v.max_reserve),
+            default_ttl_ms: v.default_ttl_ms,
+        },
+        used: v.used,
+        reserved: v.reserved,
+        overrun: v.overrun,
+        clock_ms: v.clock_ms,
+        last_id: StreamId {
+            ms: v.last_id.0,
+            seq: v.last_id.1,
+        },
+        book,
+    };
+    budget
+        .check_invariants()
+        .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+    Ok(budget)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ledger::{Effect, Policy};
+
+    fn sample() -> Budget {
+        let s = Settings {
+            limit: 1000,
+            overdraft: 5,
+            max_reserve: Some(600),
+            default_ttl_ms: 50,
+        };
+        let mut b = Budget::new(s, 1);
+        let p = Policy::default();
+        for (t, amount) in [(10, 100), (11, 200), (12, 300)] {
+            let plan = b.plan_reserve(t, &p, amount, None, None).unwrap();
+            for e in &plan.effects {
+                b.apply(t, e).unwrap();
+            }
+        }
+        let plan = b.plan_settle(20, &p, b"10-0", 90).unwrap();
+        for e in &plan.effects {
+            b.apply(20, e).unwrap();
+        }
+        b.apply(
+            21,
+            &Effect::Charge {
+                amount: 7,
+                overrun: 0,
+                id: Some(b"c1"[..].into()),
+            },
+        )
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn round_trip_is_exact() {
+        let b = sample();
+        let bytes = encode_budget(&b);
+        let back = decode_budget(BUDGET_ENCVER, &bytes).unwrap();
+        assert_eq!(back, b);
+        assert_eq!(encode_budget(&back), bytes);
+    }
+
+    #[test]
+    fn corrupt_payloads_are_refused_not_panicking() {
+        let bytes = encode_budget(&sample());
+        for cut in 0..bytes.len() {
+            assert!(
+                decode_budget(1, &bytes[..cut]).is_err(),
+                "truncated at {cut}"
+            );
+        }
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[i] ^= 1 << bit;
+                // Must not panic; either refused or a value that passes the invariants.
+                if let Ok(v) = decode_budget(1, &b) {
+                    v.check_invariants().unwrap();
+                }
+            }
+        }
+        assert_eq!(
+            decode_budget(2, &bytes).unwrap_err(),
+            DecodeError::UnknownVersion(2)
+        );
+        // A huge length prefix must not allocate it.
+        let mut huge = vec![0u8; 9];
+        huge.extend([0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
+        assert!(decode_budget(1, &huge).is_err());
+    }
+}
