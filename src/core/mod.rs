@@ -8,3 +8,4 @@ pub mod book;
 pub mod error;
 pub mod id;
 pub mod ledger;
+pub mod period;

@@ -1,0 +1,55 @@
+# redis-quota — see README.md. Every target works on a fresh Debian machine: `make test` installs
+# what is missing (as root via apt-get; otherwise it prints the command to run).
+
+CARGO   ?= cargo
+PORT    ?= 6379
+MODULE_DEBUG   := target/debug/libredis_quota.so
+MODULE_RELEASE := target/release/libredis_quota.so
+APT_PACKAGES   := redis-server libclang-dev
+
+.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak clean
+
+## deps: install redis-server and libclang-dev (bindgen needs it) if they are missing.
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "deps: installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	  else \
+	    echo "deps: missing$$missing — run: sudo apt-get install -y $(APT_PACKAGES)"; exit 1; \
+	  fi; \
+	fi
+	@redis-server --version
+
+## build: the debug module (target/debug/libredis_quota.so).
+build: deps
+	$(CARGO) build
+
+release: deps
+	$(CARGO) build --release
+
+## run: Redis in the foreground with the release module and redis.conf.example (PORT=6379).
+run: release
+	redis-server redis.conf.example --port $(PORT)
+
+## test: everything — unit, property and integration tests (each starts its own redis-server).
+test: build
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test -- --test-threads=2
+
+## demo: replay the Azure LLM inference trace through the module (see README).
+demo: release
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) $(CARGO) run --release --example replay
+
+## lint: formatting and clippy, warnings are errors.
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean

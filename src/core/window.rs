@@ -1,0 +1,1196 @@
+//! Sliding-window rate limit behind
+//! `QUOTA.WINDOW key limit window_ms [COST n] [PRECISION ms] [PEEK]`.
+//! Pure: no Redis types; the shell parses, stores and replicates.
+//!
+//! # Model
+//!
+//! Time is integer unix milliseconds (`i64`), cut into buckets of
+//! `precision_ms`: bucket `i` holds the milliseconds
+//! `[i * precision_ms, (i + 1) * precision_ms - 1]`. Only non-empty buckets are
+//! kept, oldest first, as `(index, summed cost)`.
+//!
+//! A call at `now` counts every bucket overlapping `(now - window_ms, now]`
+//! (its last millisecond is `> now - window_ms`) and is admitted iff
+//! `counted + cost <= limit`. Counting whole buckets treats each event as if
+//! it happened at the end of its bucket, so it may deny slightly early but
+//! never admits too much. `PRECISION 1` is an exact sliding log.
+//!
+//! A `now` earlier than the key's last recorded time is treated as that time
+//! (time never goes backwards for a key). `retry_after_ms` and
+//! `reset_after_ms` are measured from the caller's own `now`, so that calling
+//! again at `now + retry_after_ms` is admitted even for a lagging clock.
+//!
+//! # Cost 0
+//!
+//! Allowed, and admitted iff `counted <= limit`: it only fails after the limit
+//! was lowered below what is already counted, and then `retry_after_ms` is the
+//! time until `counted <= limit` again. Recording it stores no bucket (it only
+//! advances the key's time and drops expired buckets).
+//!
+//! # Parameter changes (limit, window and precision come with every call)
+//!
+//! * **limit**: applies at once; the history is untouched.
+//! * **precision**: each held bucket is moved into the new bucket containing
+//!   its last millisecond, clamped to the key's last time (so nothing lands in
+//!   the future). Events only move later, which is conservative.
+//! * **window**: the key keeps history for its *horizon*: the largest window it
+//!   has recorded with, capped at 4096 x the current precision (the bucket
+//!   budget). Shrinking, then growing back within the horizon, is exact.
+//!   Growing past horizon `H` at time `T` cannot see history before `T - H`
+//!   (it was dropped): for a call at `t` the limit then holds over
+//!   `(max(t - window_ms, T - H), t]`, i.e. the larger window phases in over
+//!   `window_ms - H` ms, as if the key had been created at `T - H`.
+//!
+//! # Guarantee
+//!
+//! Let `F` (the forget point) be the latest `s - horizon` over the key's
+//! recorded calls `s`: everything admitted after `F` is still held. Every
+//! admitted call at (normalised) time `t` with `limit` and `window_ms`
+//! satisfies: the cost admitted in `(max(t - window_ms, F), t]`, this call
+//! included, is `<= limit`. Unless the window grew past the horizon,
+//! `F <= t - window_ms` and this is the exact sliding-log bound.
+//! [`Window::empty_at_ms`] is when the newest bucket leaves the horizon, so
+//! expiring the key then forgets nothing a window up to the horizon could
+//! still count.
+//!
+//! # Memory and determinism
+//!
+//! At most `ceil(horizon / precision) + 1 <= 4097` buckets of 16 bytes,
+//! whatever the traffic. [`Window::check`] is pure (PEEK, and the decision of a
+//! counting call); [`Window::record`] is the deterministic effect of an
+//! admitted call, which a replica applies without deciding again.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+/// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
+pub const MAX_BUCKETS: i64 = 4096;
+
+/// Buckets per window when PRECISION is omitted: precision is
+/// `window_ms / 60` (integer division), at least 1 ms.
+pub const DEFAULT_BUCKETS: i64 = 60;
+
+/// Why a call or a loaded value was refused. `Display` is the Redis error
+/// reply (starts with `"ERR "`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowError {
+    /// `limit < 0`.
+    NegativeLimit,
+    /// `window_ms <= 0`.
+    WindowNotPositive,
+    /// `COST < 0`.
+    NegativeCost,
+    /// `PRECISION <= 0`.
+    PrecisionNotPositive,
+    /// `PRECISION > window_ms`.
+    PrecisionAboveWindow,
+    /// `ceil(window_ms / precision_ms) > 4096`.
+    TooManyBuckets,
+    /// A sum of costs would not fit in `i64`.
+    Overflow,
+    /// A loaded value breaks an invariant; names which.
+    Corrupt(&'static str),
+}
+
+impl fmt::Display for WindowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NegativeLimit => f.write_str("ERR limit must be non-negative"),
+            Self::WindowNotPositive => f.write_str("ERR window_ms must be positive"),
+            Self::NegativeCost => f.write_str("ERR cost must be non-negative"),
+            Self::PrecisionNotPositive => f.write_str("ERR precision must be positive"),
+            Self::PrecisionAboveWindow => f.write_str("ERR precision must not exceed window_ms"),
+            Self::TooManyBuckets => {
+                f.write_str("ERR too many buckets: window_ms/precision must be at most 4096")
+            }
+            Self::Overflow => f.write_str("ERR overflow"),
+            Self::Corrupt(what) => write!(f, "ERR corrupt window value: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for WindowError {}
+
+/// One call's arguments. Build with [`WindowParams::parse`]; [`Window::check`]
+/// and [`Window::record`] validate again, so a hand-built value cannot panic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowParams {
+    /// Most cost admitted in any window; `>= 0`.
+    pub limit: i64,
+    /// Window length, ms; `> 0`.
+    pub window_ms: i64,
+    /// Bucket width, ms; `1..=window_ms` with `ceil(window_ms / precision_ms) <= 4096`.
+    pub precision_ms: i64,
+    /// Cost of this call; `>= 0`.
+    pub cost: i64,
+}
+
+impl WindowParams {
+    /// Validates the command's arguments and applies the defaults: `cost` 1,
+    /// `precision` `max(window_ms / 60, 1)` ms.
+    ///
+    /// # Errors
+    ///
+    /// [`WindowError::WindowNotPositive`], [`WindowError::NegativeLimit`],
+    /// [`WindowError::NegativeCost`], [`WindowError::PrecisionNotPositive`],
+    /// [`WindowError::PrecisionAboveWindow`], [`WindowError::TooManyBuckets`].
+    pub fn parse(
+        limit: i64,
+        window_ms: i64,
+        cost: Option<i64>,
+        precision_ms: Option<i64>,
+    ) -> Result<Self, WindowError> {
+        let params = Self {
+            limit,
+            window_ms,
+            precision_ms: precision_ms.unwrap_or_else(|| default_precision(window_ms)),
+            cost: cost.unwrap_or(1),
+        };
+        params.validate()?;
+        Ok(params)
+    }
+
+    /// Checks the bounds documented on the fields.
+    ///
+    /// # Errors
+    ///
+    /// The same as [`Self::parse`].
+    pub fn validate(&self) -> Result<(), WindowError> {
+        if self.window_ms <= 0 {
+            return Err(WindowError::WindowNotPositive);
+        }
+        if self.limit < 0 {
+            return Err(WindowError::NegativeLimit);
+        }
+        if self.cost < 0 {
+            return Err(WindowError::NegativeCost);
+        }
+        check_precision(self.window_ms, self.precision_ms)
+    }
+}
+
+/// What a call decides. Durations are ms from the caller's `now_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowDecision {
+    /// From [`Window::check`]: whether `cost` fits. From [`Window::record`]:
+    /// always true (the cost was counted).
+    pub allowed: bool,
+    /// `limit - counted`, never negative. Counted includes this call's cost
+    /// only when it was recorded.
+    pub remaining: i64,
+    /// 0 when allowed; else the exact ms until enough buckets have left the
+    /// window for `cost` to fit (no other traffic, same limit); -1 when
+    /// `cost > limit` (never fits).
+    pub retry_after_ms: i64,
+    /// ms until everything counted has left the window; 0 if nothing is counted.
+    pub reset_after_ms: i64,
+}
+
+/// Persisted state of one key. Serialized field order is the wire format.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Window of the last recorded call, ms.
+    window_ms: i64,
+    /// Bucket width the buckets are indexed by, ms.
+    precision_ms: i64,
+    /// How far back history is kept, ms (see module doc).
+    horizon_ms: i64,
+    /// Latest time recorded, unix ms; earlier calls are moved up to it.
+    last_ms: i64,
+    /// Non-empty buckets, strictly increasing index.
+    buckets: VecDeque<Bucket>,
+}
+
+/// Summed cost of bucket `index` (ms `[index * precision, (index + 1) * precision - 1]`).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+struct Bucket {
+    index: i64,
+    count: i64,
+}
+
+/// What `record` will change, decided before anything is changed.
+struct Plan {
+    /// Oldest buckets to drop.
+    expired: usize,
+    add: Add,
+}
+
+enum Add {
+    Nothing,
+    /// New count of the newest bucket.
+    ToNewest(i64),
+    Push(Bucket),
+}
+
+/// Spare capacity tolerated before shrinking, in buckets.
+const CAPACITY_SLACK: usize = 8;
+
+impl Window {
+    /// An empty key created by a call with `params` at `now_ms` (unix ms).
+    /// Holds nothing until [`Self::record`].
+    pub fn new(params: &WindowParams, now_ms: i64) -> Self {
+        Self {
+            window_ms: params.window_ms,
+            precision_ms: params.precision_ms,
+            horizon_ms: params.window_ms,
+            last_ms: now_ms,
+            buckets: VecDeque::new(),
+        }
+    }
+
+    /// Pure: what a call with `params` at `now_ms` (unix ms) would decide
+    /// (PEEK, and the first half of a counting call). Reports the state as is:
+    /// `remaining`/`reset_after_ms` do not include `params.cost`.
+    ///
+    /// # Errors
+    ///
+    /// Invalid `params` (see [`WindowParams::parse`]);
+    /// [`WindowError::Overflow`] only for a corrupt value.
+    pub fn check(&self, params: &WindowParams, now_ms: i64) -> Result<WindowDecision, WindowError> {
+        params.validate()?;
+        let now = self.effective_now(now_ms);
+        let converted = self.rebucketed(params.precision_ms)?;
+        let buckets = converted.as_ref().unwrap_or(&self.buckets);
+        Ok(decide(buckets, params, now, now_ms, false))
+    }
+
+    /// The effect of an admitted call: converts to `params`' precision and
+    /// horizon, drops buckets that left the horizon, adds `params.cost` at
+    /// `now_ms` (unix ms, moved up to [`Self::last_ms`] if earlier).
+    /// Deterministic and unconditional (a replica applies it without deciding);
+    /// all or nothing: on error the value is unchanged. Returns the state after
+    /// recording (`allowed` true, `retry_after_ms` 0).
+    ///
+    /// # Errors
+    ///
+    /// Invalid `params`; [`WindowError::Overflow`] if the held costs
+    /// would sum past `i64::MAX`.
+    pub fn record(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+    ) -> Result<WindowDecision, WindowError> {
+        params.validate()?;
+        let now = self.effective_now(now_ms);
+        let horizon_ms = self.next_horizon(params);
+        let converted = self.rebucketed(params.precision_ms)?;
+        let plan = plan(
+            converted.as_ref().unwrap_or(&self.buckets),
+            params.precision_ms,
+            horizon_ms,
+            now,
+            params.cost,
+        )?;
+        // Nothing below can fail: the value changes all at once or not at all.
+        if let Some(buckets) = converted {
+            self.buckets = buckets;
+        }
+        apply(&mut self.buckets, plan);
+        self.window_ms = params.window_ms;
+        self.precision_ms = params.precision_ms;
+        self.horizon_ms = horizon_ms;
+        self.last_ms = now;
+        Ok(decide(&self.buckets, params, now, now_ms, true))
+    }
+
+    /// Unix ms at which the newest bucket leaves the horizon: from then on the
+    /// value holds nothing a window up to the horizon could count, so the key
+    /// may expire then.
+    /// `None` if it holds nothing now (the key need not be kept). Saturates at
+    /// `i64::MAX`.
+    pub fn empty_at_ms(&self) -> Option<i64> {
+        let horizon = i128::from(self.horizon_ms);
+        self.buckets
+            .iter()
+            .map(|b| bucket_last(b.index, self.precision_ms).saturating_add(horizon))
+            .max()
+            .map(clamp_i64)
+    }
+
+    /// Heap bytes owned (bucket storage), for MEMORY USAGE. At most about
+    /// `(2 * (ceil(horizon / precision) + 1) + 8) * 16` after a record.
+    pub fn heap_bytes(&self) -> usize {
+        self.buckets
+            .capacity()
+            .saturating_mul(std::mem::size_of::<Bucket>())
+    }
+
+    /// Latest recorded time, unix ms.
+    pub fn last_ms(&self) -> i64 {
+        self.last_ms
+    }
+
+    /// Window of the last recorded call, ms.
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    /// Bucket width of the held history, ms.
+    pub fn precision_ms(&self) -> i64 {
+        self.precision_ms
+    }
+
+    /// How far back history is kept, ms (see module doc).
+    pub fn horizon_ms(&self) -> i64 {
+        self.horizon_ms
+    }
+
+    /// Number of non-empty buckets held; at most `ceil(horizon / precision) + 1`.
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Checks a loaded (possibly corrupt) value: valid window and precision,
+    /// `window_ms <= horizon_ms <= 4096 * precision_ms`, at most
+    /// `ceil(horizon / precision) + 1` buckets, each with count `> 0`, strictly
+    /// increasing, none after `last_ms` nor wholly before `last_ms - horizon_ms`,
+    /// total cost fitting `i64`. Never panics.
+    ///
+    /// # Errors
+    ///
+    /// [`WindowError::Corrupt`] naming the broken invariant.
+    pub fn validate(&self) -> Result<(), WindowError> {
+        if self.window_ms <= 0 {
+            return Err(WindowError::Corrupt("window_ms"));
+        }
+        check_precision(self.window_ms, self.precision_ms)
+            .map_err(|_| WindowError::Corrupt("precision_ms"))?;
+        let cap = i128::from(self.precision_ms).saturating_mul(i128::from(MAX_BUCKETS));
+        if self.horizon_ms < self.window_ms || i128::from(self.horizon_ms) > cap {
+            return Err(WindowError::Corrupt("horizon_ms"));
+        }
+        let max_len = max_len(self.horizon_ms, self.precision_ms)
+            .ok_or(WindowError::Corrupt("horizon_ms"))?;
+        if self.buckets.len() > max_len {
+            return Err(WindowError::Corrupt("too many buckets"));
+        }
+        let newest = bucket_of(i128::from(self.last_ms), self.precision_ms)
+            .map_err(|_| WindowError::Corrupt("last_ms"))?;
+        let last = i128::from(self.last_ms);
+        let horizon = i128::from(self.horizon_ms);
+        let mut previous: Option<i64> = None;
+        let mut total: i64 = 0;
+        for b in &self.buckets {
+            if b.count <= 0 {
+                return Err(WindowError::Corrupt("bucket count"));
+            }
+            if previous.is_some_and(|p| b.index <= p) {
+                return Err(WindowError::Corrupt("bucket order"));
+            }
+            if b.index > newest {
+                return Err(WindowError::Corrupt("bucket after last_ms"));
+            }
+            if bucket_last(b.index, self.precision_ms).saturating_add(horizon) <= last {
+                return Err(WindowError::Corrupt("bucket outside horizon"));
+            }
+            total = total
+                .checked_add(b.count)
+                .ok_or(WindowError::Corrupt("total cost"))?;
+            previous = Some(b.index);
+        }
+        Ok(())
+    }
+
+    fn effective_now(&self, now_ms: i64) -> i64 {
+        now_ms.max(self.last_ms)
+    }
+
+    /// Horizon after a record with `params`: the largest window seen, capped
+    /// by the bucket budget (never below `params.window_ms`, whose bucket
+    /// span is within the budget).
+    fn next_horizon(&self, params: &WindowParams) -> i64 {
+        let grown = i128::from(self.horizon_ms.max(params.window_ms));
+        let cap = i128::from(params.precision_ms).saturating_mul(i128::from(MAX_BUCKETS));
+        clamp_i64(grown.min(cap))
+    }
+
+    /// The buckets re-indexed for `precision_ms`, or `None` if unchanged.
+    /// Each bucket goes where its last possible event (its last ms, but not
+    /// after `last_ms`) falls: later, never earlier, and never in the future.
+    fn rebucketed(&self, precision_ms: i64) -> Result<Option<VecDeque<Bucket>>, WindowError> {
+        if precision_ms == self.precision_ms {
+            return Ok(None);
+        }
+        let last = i128::from(self.last_ms);
+        let mut out: VecDeque<Bucket> = VecDeque::with_capacity(self.buckets.len());
+        for b in &self.buckets {
+            let at = bucket_last(b.index, self.precision_ms).min(last);
+            let index = bucket_of(at, precision_ms)?;
+            match out.back_mut() {
+                Some(newest) if newest.index == index => {
+                    newest.count = newest
+                        .count
+                        .checked_add(b.count)
+                        .ok_or(WindowError::Overflow)?;
+                }
+                _ => out.push_back(Bucket {
+                    index,
+                    count: b.count,
+                }),
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+/// Decides from `buckets` (indexed by `params.precision_ms`) at `now`
+/// (normalised), reporting durations from `caller_now`. `recorded`: the call's
+/// cost is already in `buckets`.
+fn decide(
+    buckets: &VecDeque<Bucket>,
+    params: &WindowParams,
+    now: i64,
+    caller_now: i64,
+    recorded: bool,
+) -> WindowDecision {
+    // i128 throughout: sums of i64 values cannot reach its bounds.
+    let now = i128::from(now);
+    let caller_now = i128::from(caller_now);
+    let window = i128::from(params.window_ms);
+    // First instant at which bucket b no longer overlaps the window.
+    let exit_of = |b: &Bucket| bucket_last(b.index, params.precision_ms).saturating_add(window);
+    let mut counted: i128 = 0;
+    let mut last_exit: Option<i128> = None;
+    for b in buckets {
+        let exit = exit_of(b);
+        if exit > now {
+            counted = counted.saturating_add(i128::from(b.count));
+            last_exit = Some(last_exit.map_or(exit, |e| e.max(exit)));
+        }
+    }
+    let limit = i128::from(params.limit);
+    let cost = i128::from(params.cost);
+    let remaining = clamp_i64(limit.saturating_sub(counted).max(0));
+    let reset_after_ms = last_exit.map_or(0, |e| clamp_i64(e.saturating_sub(caller_now)));
+    let excess = counted.saturating_add(cost).saturating_sub(limit);
+    let (allowed, retry_after_ms) = if recorded || excess <= 0 {
+        (true, 0)
+    } else if cost > limit {
+        (false, -1)
+    } else {
+        // Oldest buckets leave first: wait for the one that frees enough.
+        // cost <= limit means freeing everything suffices, so one is found.
+        let mut freed: i128 = 0;
+        let mut at = last_exit;
+        for b in buckets {
+            let exit = exit_of(b);
+            if exit > now {
+                freed = freed.saturating_add(i128::from(b.count));
+                if freed >= excess {
+                    at = Some(exit);
+                    break;
+                }
+            }
+        }
+        (
+            false,
+            at.map_or(0, |e| clamp_i64(e.saturating_sub(caller_now))),
+        )
+    };
+    WindowDecision {
+        allowed,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+    }
+}
+
+/// Plans a record at `now` (normalised): drop what left the horizon, add `cost`.
+fn plan(
+    buckets: &VecDeque<Bucket>,
+    precision_ms: i64,
+    horizon_ms: i64,
+    now: i64,
+    cost: i64,
+) -> Result<Plan, WindowError> {
+    let now = i128::from(now);
+    let horizon = i128::from(horizon_ms);
+    let expired = buckets
+        .iter()
+        .take_while(|b| bucket_last(b.index, precision_ms).saturating_add(horizon) <= now)
+        .count();
+    // Refuse before changing anything if what is held would not fit i64: every
+    // later sum of held counts then fits too.
+    buckets
+        .iter()
+        .skip(expired)
+        .try_fold(cost, |total, b| total.checked_add(b.count))
+        .ok_or(WindowError::Overflow)?;
+    let current = bucket_of(now, precision_ms)?;
+    let add = if cost == 0 {
+        Add::Nothing
+    } else {
+        match buckets.back() {
+            Some(newest) if newest.index == current && expired < buckets.len() => Add::ToNewest(
+                newest
+                    .count
+                    .checked_add(cost)
+                    .ok_or(WindowError::Overflow)?,
+            ),
+            _ => Add::Push(Bucket {
+                index: current,
+                count: cost,
+            }),
+        }
+    };
+    Ok(Plan { expired, add })
+}
+
+fn apply(buckets: &mut VecDeque<Bucket>, plan: Plan) {
+    for _ in 0..plan.expired {
+        buckets.pop_front();
+    }
+    match plan.add {
+        Add::Nothing => {}
+        Add::ToNewest(count) => {
+            if let Some(newest) = buckets.back_mut() {
+                newest.count = count;
+            }
+        }
+        Add::Push(bucket) => buckets.push_back(bucket),
+    }
+    // Keep the heap proportional to what is held after a shrink or conversion.
+    let roomy = buckets
+        .len()
+        .saturating_mul(2)
+        .saturating_add(CAPACITY_SLACK);
+    if buckets.capacity() > roomy {
+        buckets.shrink_to_fit();
+    }
+}
+
+fn default_precision(window_ms: i64) -> i64 {
+    window_ms
+        .checked_div(DEFAULT_BUCKETS)
+        .map_or(1, |p| p.max(1))
+}
+
+fn check_precision(window_ms: i64, precision_ms: i64) -> Result<(), WindowError> {
+    if precision_ms <= 0 {
+        return Err(WindowError::PrecisionNotPositive);
+    }
+    if precision_ms > window_ms {
+        return Err(WindowError::PrecisionAboveWindow);
+    }
+    match ceil_div(window_ms, precision_ms) {
+        Some(span) if span <= MAX_BUCKETS => Ok(()),
+        _ => Err(WindowError::TooManyBuckets),
+    }
+}
+
+/// `ceil(a / b)` for `a >= 0`, `b > 0`; `None` otherwise.
+fn ceil_div(a: i64, b: i64) -> Option<i64> {
+    if a < 0 || b <= 0 {
+        return None;
+    }
+    let quotient = a.checked_div(b)?;
+    if a.checked_rem(b)? == 0 {
+        Some(quotient)
+    } else {
+        quotient.checked_add(1)
+    }
+}
+
+/// Most buckets a horizon can hold: `ceil(horizon / precision) + 1`.
+fn max_len(horizon_ms: i64, precision_ms: i64) -> Option<usize> {
+    let span = ceil_div(horizon_ms, precision_ms)?.checked_add(1)?;
+    usize::try_from(span).ok()
+}
+
+/// Last ms of bucket `index`. Cannot saturate: `|index * precision| < 2^126`.
+fn bucket_last(index: i64, precision_ms: i64) -> i128 {
+    let precision = i128::from(precision_ms);
+    i128::from(index)
+        .saturating_mul(precision)
+        .saturating_add(precision)
+        .saturating_sub(1)
+}
+
+/// Index of the bucket holding ms `t`: `floor(t / precision_ms)`.
+fn bucket_of(t: i128, precision_ms: i64) -> Result<i64, WindowError> {
+    let index = t
+        .checked_div_euclid(i128::from(precision_ms))
+        .ok_or(WindowError::Overflow)?;
+    i64::try_from(index).map_err(|_| WindowError::Overflow)
+}
+
+/// Reply values beyond `i64` (absurd clocks only) saturate.
+fn clamp_i64(value: i128) -> i64 {
+    i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn params(limit: i64, window_ms: i64, precision_ms: i64, cost: i64) -> WindowParams {
+        WindowParams::parse(limit, window_ms, Some(cost), Some(precision_ms)).unwrap()
+    }
+
+    /// Check, then record if allowed: what the shell does for a counting call.
+    fn call(w: &mut Window, p: &WindowParams, now: i64) -> WindowDecision {
+        let d = w.check(p, now).unwrap();
+        if d.allowed {
+            let after = w.record(p, now).unwrap();
+            w.validate().unwrap();
+            after
+        } else {
+            d
+        }
+    }
+
+    fn decision(allowed: bool, remaining: i64, retry: i64, reset: i64) -> WindowDecision {
+        WindowDecision {
+            allowed,
+            remaining,
+            retry_after_ms: retry,
+            reset_after_ms: reset,
+        }
+    }
+
+    #[test]
+    fn parse_defaults_and_errors() {
+        let p = WindowParams::parse(10, 60_000, None, None).unwrap();
+        assert_eq!((p.cost, p.precision_ms), (1, 1000));
+        assert_eq!(
+            WindowParams::parse(10, 59, None, None)
+                .unwrap()
+                .precision_ms,
+            1
+        );
+        assert_eq!(
+            WindowParams::parse(10, 1, None, None).unwrap().precision_ms,
+            1
+        );
+        let err = |l, w, c, p| WindowParams::parse(l, w, c, p).unwrap_err().to_string();
+        assert_eq!(err(1, 0, None, None), "ERR window_ms must be positive");
+        assert_eq!(err(1, -5, None, None), "ERR window_ms must be positive");
+        assert_eq!(err(-1, 5, None, None), "ERR limit must be non-negative");
+        assert_eq!(err(1, 5, Some(-1), None), "ERR cost must be non-negative");
+        assert_eq!(err(1, 5, None, Some(0)), "ERR precision must be positive");
+        assert_eq!(
+            err(1, 5, None, Some(6)),
+            "ERR precision must not exceed window_ms"
+        );
+        assert_eq!(
+            err(1, 4097, None, Some(1)),
+            "ERR too many buckets: window_ms/precision must be at most 4096"
+        );
+        assert!(WindowParams::parse(1, 4096, None, Some(1)).is_ok());
+        assert!(WindowParams::parse(1, 8193, None, Some(2)).is_err());
+        assert!(WindowParams::parse(1, 8192, None, Some(2)).is_ok());
+        assert!(WindowParams::parse(0, i64::MAX, Some(0), None).is_ok());
+        assert!(WindowError::Overflow.to_string().starts_with("ERR "));
+        assert!(WindowError::Corrupt("x").to_string().starts_with("ERR "));
+    }
+
+    #[test]
+    fn exactly_at_limit_then_bucket_leaves_on_time() {
+        let p = params(3, 1000, 1, 1);
+        let mut w = Window::new(&p, 0);
+        assert_eq!(call(&mut w, &p, 0), decision(true, 2, 0, 1000));
+        assert_eq!(call(&mut w, &p, 0), decision(true, 1, 0, 1000));
+        assert_eq!(call(&mut w, &p, 0), decision(true, 0, 0, 1000));
+        assert_eq!(call(&mut w, &p, 0), decision(false, 0, 1000, 1000));
+        assert_eq!(call(&mut w, &p, 999), decision(false, 0, 1, 1));
+        // At 1000 the window is (0, 1000]: the events at 0 are out.
+        assert_eq!(w.check(&p, 1000).unwrap(), decision(true, 3, 0, 0));
+        assert_eq!(call(&mut w, &p, 1000), decision(true, 2, 0, 1000));
+    }
+
+    #[test]
+    fn retry_waits_only_for_the_buckets_needed() {
+        let p = params(3, 100, 1, 1);
+        let mut w = Window::new(&p, 0);
+        for t in [10, 20, 30] {
+            assert!(call(&mut w, &p, t).allowed);
+        }
+        assert_eq!(w.check(&p, 50).unwrap(), decision(false, 0, 60, 80));
+        let two = params(3, 100, 1, 2);
+        // Needs the events at 10 and 20 gone: 20 leaves at 120.
+        assert_eq!(w.check(&two, 50).unwrap(), decision(false, 0, 70, 80));
+        assert!(!w.check(&two, 119).unwrap().allowed);
+        assert!(w.check(&two, 120).unwrap().allowed);
+    }
+
+    #[test]
+    fn coarse_bucket_counts_until_its_last_ms_leaves() {
+        let p = params(1, 1000, 100, 1);
+        let mut w = Window::new(&p, 150);
+        // Bucket 1 covers 100..=199, so it counts until 199 + 1000.
+        assert_eq!(call(&mut w, &p, 150), decision(true, 0, 0, 1049));
+        assert_eq!(w.check(&p, 1198).unwrap(), decision(false, 0, 1, 1));
+        assert_eq!(w.check(&p, 1199).unwrap(), decision(true, 1, 0, 0));
+        assert_eq!(w.empty_at_ms(), Some(1199));
+    }
+
+    #[test]
+    fn cost_zero() {
+        let p = params(2, 100, 1, 1);
+        let zero = params(2, 100, 1, 0);
+        let mut w = Window::new(&p, 0);
+        assert_eq!(call(&mut w, &zero, 0), decision(true, 2, 0, 0));
+        assert_eq!(w.bucket_count(), 0);
+        assert_eq!(w.empty_at_ms(), None);
+        call(&mut w, &p, 0);
+        call(&mut w, &p, 10);
+        // Full (counted == limit): cost 0 still fits.
+        assert_eq!(call(&mut w, &zero, 20), decision(true, 0, 0, 90));
+        assert_eq!(w.bucket_count(), 2);
+        // Over a lowered limit: even cost 0 waits until counted <= limit.
+        let lowered = params(1, 100, 1, 0);
+        assert_eq!(w.check(&lowered, 20).unwrap(), decision(false, 0, 80, 90));
+        assert!(w.check(&lowered, 100).unwrap().allowed);
+        let nothing = params(0, 100, 1, 0);
+        assert!(Window::new(&nothing, 0).check(&nothing, 0).unwrap().allowed);
+    }
+
+    #[test]
+    fn cost_above_limit_never_fits() {
+        let p = params(3, 100, 1, 4);
+        let w = Window::new(&p, 0);
+        assert_eq!(w.check(&p, 0).unwrap(), decision(false, 3, -1, 0));
+        let zero_limit = params(0, 100, 1, 1);
+        assert_eq!(w.check(&zero_limit, 0).unwrap(), decision(false, 0, -1, 0));
+    }
+
+    #[test]
+    fn time_jump_beyond_window_drops_everything() {
+        let p = params(5, 1000, 10, 1);
+        let mut w = Window::new(&p, 0);
+        for t in 0..5 {
+            call(&mut w, &p, t * 100);
+        }
+        assert!(!w.check(&p, 450).unwrap().allowed);
+        let later = 10_000_000;
+        assert_eq!(w.check(&p, later).unwrap(), decision(true, 5, 0, 0));
+        call(&mut w, &p, later);
+        assert_eq!(w.bucket_count(), 1);
+        assert_eq!(w.last_ms(), later);
+    }
+
+    #[test]
+    fn equal_timestamps_share_a_bucket() {
+        let p = params(100, 1000, 1, 1);
+        let mut w = Window::new(&p, 5);
+        for i in 0..100 {
+            assert_eq!(call(&mut w, &p, 5).remaining, 99 - i);
+        }
+        assert_eq!(w.bucket_count(), 1);
+        assert!(!w.check(&p, 5).unwrap().allowed);
+    }
+
+    #[test]
+    fn clock_going_backwards_is_clamped() {
+        let p = params(1, 100, 1, 1);
+        let mut w = Window::new(&p, 1000);
+        call(&mut w, &p, 1000);
+        // Seen as 1000; durations count from the caller's 500.
+        assert_eq!(w.check(&p, 500).unwrap(), decision(false, 0, 600, 600));
+        assert!(w.check(&p, 1099).unwrap().allowed.eq(&false));
+        assert!(w.check(&p, 1100).unwrap().allowed);
+        // A record from the past counts at the key's time.
+        let two = params(2, 100, 1, 1);
+        call(&mut w, &two, 10);
+        assert_eq!(w.last_ms(), 1000);
+        assert_eq!(w.bucket_count(), 1);
+        assert_eq!(w.check(&two, 1050).unwrap(), decision(false, 0, 50, 50));
+    }
+
+    #[test]
+    fn limit_changes_apply_at_once() {
+        let p = params(2, 100, 1, 1);
+        let mut w = Window::new(&p, 0);
+        call(&mut w, &p, 0);
+        call(&mut w, &p, 1);
+        assert!(!w.check(&p, 2).unwrap().allowed);
+        let up = params(3, 100, 1, 1);
+        assert_eq!(call(&mut w, &up, 2), decision(true, 0, 0, 100));
+        let down = params(1, 100, 1, 1);
+        // 3 counted: needs 3 to leave; the third leaves at 102.
+        assert_eq!(w.check(&down, 3).unwrap(), decision(false, 0, 99, 99));
+    }
+
+    #[test]
+    fn window_shrink_then_regrow_within_horizon_is_exact() {
+        let big = params(2, 1000, 1, 1);
+        let mut w = Window::new(&big, 0);
+        call(&mut w, &big, 0);
+        call(&mut w, &big, 1);
+        let small = params(2, 100, 1, 1);
+        // At 500 the 100 ms window is empty.
+        assert_eq!(call(&mut w, &small, 500), decision(true, 1, 0, 100));
+        assert_eq!(w.horizon_ms(), 1000);
+        assert_eq!(w.bucket_count(), 3);
+        // Back to 1000 ms: the events at 0 and 1 still count.
+        assert_eq!(w.check(&big, 501).unwrap(), decision(false, 0, 500, 999));
+    }
+
+    #[test]
+    fn window_growth_past_horizon_phases_in() {
+        let small = params(1, 100, 1, 1);
+        let mut w = Window::new(&small, 0);
+        call(&mut w, &small, 0);
+        // Recording at 150 with a 100 ms horizon drops the event at 0.
+        call(&mut w, &small, 150);
+        assert_eq!(w.bucket_count(), 1);
+        let big = params(2, 1000, 1, 1);
+        // The exact 1000 ms log holds 2 events, but only one is remembered:
+        // the documented phase-in (history before 150 - 100 is forgotten).
+        assert_eq!(w.check(&big, 160).unwrap(), decision(true, 1, 0, 990));
+    }
+
+    #[test]
+    fn precision_changes_move_events_later_never_earlier() {
+        let fine = params(2, 1000, 1, 1);
+        let mut w = Window::new(&fine, 0);
+        call(&mut w, &fine, 0);
+        call(&mut w, &fine, 150);
+        let coarse = params(2, 1000, 100, 1);
+        // Events at 0 and 150 now count as 99 and 199 (their bucket ends).
+        assert_eq!(
+            w.check(&coarse, 160).unwrap(),
+            decision(false, 0, 939, 1039)
+        );
+        assert_eq!(w.check(&fine, 160).unwrap(), decision(false, 0, 840, 990));
+        // Finer again after recording coarse: the coarse bucket 1 (100..=199)
+        // moves to min(199, last 170) = 170, not into the future.
+        let coarse1 = params(3, 1000, 100, 1);
+        call(&mut w, &coarse1, 170);
+        w.validate().unwrap();
+        let fine3 = params(3, 1000, 1, 1);
+        assert_eq!(w.check(&fine3, 180).unwrap(), decision(false, 0, 919, 990));
+        call(&mut w, &params(4, 1000, 1, 1), 180);
+        w.validate().unwrap();
+        assert_eq!(w.precision_ms(), 1);
+    }
+
+    #[test]
+    fn overflow_is_an_error_and_changes_nothing() {
+        let p = params(i64::MAX, 1000, 1, i64::MAX);
+        let mut w = Window::new(&p, 0);
+        assert!(call(&mut w, &p, 0).allowed);
+        let one = params(i64::MAX, 1000, 1, 1);
+        assert!(!w.check(&one, 1).unwrap().allowed);
+        let before = w.clone();
+        assert_eq!(w.record(&one, 1), Err(WindowError::Overflow));
+        assert_eq!(w, before);
+        assert_eq!(w.record(&one, 0), Err(WindowError::Overflow));
+        assert_eq!(w, before);
+    }
+
+    #[test]
+    fn invalid_hand_built_params_are_refused() {
+        let good = params(1, 100, 1, 1);
+        let mut w = Window::new(&good, 0);
+        let bad = WindowParams {
+            precision_ms: 0,
+            ..good
+        };
+        assert_eq!(w.check(&bad, 0), Err(WindowError::PrecisionNotPositive));
+        assert_eq!(w.record(&bad, 0), Err(WindowError::PrecisionNotPositive));
+    }
+
+    #[test]
+    fn validate_rejects_corrupt_values() {
+        let good = Window {
+            window_ms: 100,
+            precision_ms: 10,
+            horizon_ms: 100,
+            last_ms: 1000,
+            buckets: VecDeque::from(vec![
+                Bucket {
+                    index: 95,
+                    count: 1,
+                },
+                Bucket {
+                    index: 100,
+                    count: 2,
+                },
+            ]),
+        };
+        good.validate().unwrap();
+        let with = |f: &dyn Fn(&mut Window)| {
+            let mut w = good.clone();
+            f(&mut w);
+            w.validate().unwrap_err()
+        };
+        with(&|w| w.window_ms = 0);
+        with(&|w| w.precision_ms = 0);
+        with(&|w| w.precision_ms = 101);
+        with(&|w| w.horizon_ms = 99);
+        with(&|w| w.horizon_ms = 10 * 4096 + 1);
+        with(&|w| w.buckets[0].count = 0);
+        with(&|w| w.buckets[0].count = -1);
+        with(&|w| w.buckets[0].index = 100);
+        with(&|w| w.buckets[1].index = 101);
+        with(&|w| w.buckets[0].index = 89);
+        with(&|w| {
+            w.buckets[0].count = i64::MAX;
+        });
+        with(&|w| {
+            w.buckets = (0..20)
+                .map(|i| Bucket {
+                    index: 90 + i,
+                    count: 1,
+                })
+                .collect();
+        });
+    }
+
+    #[test]
+    fn memory_is_bounded_under_saturating_traffic() {
+        let p = params(i64::MAX, 4096, 1, 1);
+        let mut w = Window::new(&p, 0);
+        // One event per ms for 1.5 windows: every bucket fills, old ones leave.
+        for t in 0..6144 {
+            w.record(&p, t).unwrap();
+            assert!(w.bucket_count() <= 4097);
+        }
+        w.validate().unwrap();
+        assert_eq!(w.bucket_count(), 4096);
+        assert!(w.heap_bytes() <= (2 * 4097 + CAPACITY_SLACK) * 16);
+        // Coarser precision merges the held buckets, and the heap follows.
+        let coarse = params(i64::MAX, 4096, 64, 1);
+        w.record(&coarse, 6144).unwrap();
+        w.validate().unwrap();
+        assert!(w.bucket_count() <= 65);
+        assert!(w.heap_bytes() <= (2 * 65 + CAPACITY_SLACK) * 16);
+    }
+
+    // ---- property tests ----
+
+    /// Naive reference: every admitted event, bucketed the same way.
+    struct Model {
+        window_ms: i64,
+        precision_ms: i64,
+        last_ms: i64,
+        events: Vec<(i64, i64)>,
+    }
+
+    impl Model {
+        fn exit(&self, t: i64) -> i64 {
+            t.div_euclid(self.precision_ms) * self.precision_ms + self.precision_ms - 1
+                + self.window_ms
+        }
+
+        fn counted(&self, t: i64) -> i64 {
+            self.events
+                .iter()
+                .filter(|(e, _)| self.exit(*e) > t)
+                .map(|(_, c)| c)
+                .sum()
+        }
+
+        fn decide(&self, limit: i64, cost: i64, raw: i64) -> WindowDecision {
+            let t = raw.max(self.last_ms);
+            let counted = self.counted(t);
+            let mut exits: Vec<i64> = self
+                .events
+                .iter()
+                .map(|(e, _)| self.exit(*e))
+                .filter(|x| *x > t)
+                .collect();
+            exits.sort_unstable();
+            let reset = exits.last().map_or(0, |x| x - raw);
+            let allowed = counted + cost <= limit;
+            let retry = if allowed {
+                0
+            } else if cost > limit {
+                -1
+            } else {
+                let at = exits
+                    .iter()
+                    .find(|x| self.counted(**x) + cost <= limit)
+                    .unwrap();
+                assert!(self.counted(at - 1) + cost > limit);
+                at - raw
+            };
+            decision(allowed, (limit - counted).max(0), retry, reset)
+        }
+    }
+
+    fn window_and_precision() -> impl Strategy<Value = (i64, i64)> {
+        (1..=300i64).prop_flat_map(|w| (Just(w), 1..=w))
+    }
+
+    fn time_step() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            3 => Just(0i64),
+            6 => 0..20i64,
+            4 => 0..400i64,
+            1 => 1000..100_000i64,
+            1 => -60..0i64,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// (1) Same decisions as the naive model; (3) retry honoured and exact.
+        #[test]
+        fn matches_reference_model(
+            (window_ms, precision_ms) in window_and_precision(),
+            start in -1000..1000i64,
+            steps in prop::collection::vec((time_step(), 0..4i64, 0..8i64), 1..80),
+        ) {
+            let mut model = Model { window_ms, precision_ms, last_ms: start, events: vec![] };
+            let first = params(0, window_ms, precision_ms, 0);
+            let mut w = Window::new(&first, start);
+            let mut raw = start;
+            for (dt, cost, limit) in steps {
+                raw += dt;
+                let p = params(limit, window_ms, precision_ms, cost);
+                let expected = model.decide(limit, cost, raw);
+                let got = w.check(&p, raw).unwrap();
+                prop_assert_eq!(got, expected);
+                if got.allowed {
+                    let t = raw.max(model.last_ms);
+                    if cost > 0 {
+                        model.events.push((t, cost));
+                    }
+                    model.last_ms = t;
+                    let after = w.record(&p, raw).unwrap();
+                    let mut want = model.decide(limit, 0, raw);
+                    want.allowed = true;
+                    want.retry_after_ms = 0;
+                    prop_assert_eq!(after, want);
+                    prop_assert!(w.validate().is_ok());
+                } else if got.retry_after_ms > 0 {
+                    let r = got.retry_after_ms;
+                    prop_assert!(w.check(&p, raw + r).unwrap().allowed);
+                    prop_assert!(!w.check(&p, raw + r - 1).unwrap().allowed);
+                }
+            }
+        }
+
+        /// (2) Safety against an exact log under changing limit, window and
+        /// precision, including key expiry at `empty_at_ms`: the documented
+        /// bound over (max(t - W, F), t]. (3) retry honoured and exact after
+        /// any history. (4) buckets and heap bounded after every record.
+        #[test]
+        fn never_over_admits_across_param_changes(
+            start in -1000..1000i64,
+            steps in prop::collection::vec(
+                (time_step(), 0..4i64, 0..8i64, 1..=400i64, 0..400i64),
+                1..80,
+            ),
+        ) {
+            let mut state: Option<Window> = None;
+            let mut forget = i64::MIN;
+            let mut log: Vec<(i64, i64)> = vec![];
+            let mut raw = start;
+            for (dt, cost, limit, window_ms, seed) in steps {
+                raw += dt;
+                let precision_ms = 1 + seed % window_ms;
+                let p = params(limit, window_ms, precision_ms, cost);
+                if let Some(w) = &state {
+                    match w.empty_at_ms() {
+                        Some(at) if raw > at => {
+                            forget = forget.max(at - w.horizon_ms());
+                            state = None;
+                        }
+                        None => state = None,
+                        _ => {}
+                    }
+                }
+                let w = state.get_or_insert_with(|| Window::new(&p, raw));
+                let t = raw.max(w.last_ms());
+                let d = w.check(&p, raw).unwrap();
+                if d.allowed {
+                    let held: i64 = log
+                        .iter()
+                        .filter(|(e, _)| *e > (t - window_ms).max(forget) && *e <= t)
+                        .map(|(_, c)| c)
+                        .sum();
+                    prop_assert!(held + cost <= limit, "over-admitted at {}", t);
+                    w.record(&p, raw).unwrap();
+                    log.push((t, cost));
+                    forget = forget.max(t - w.horizon_ms());
+                    prop_assert!(w.validate().is_ok());
+                    let max = max_len(w.horizon_ms(), w.precision_ms()).unwrap();
+                    prop_assert!(w.bucket_count() <= max && max <= 4097);
+                    prop_assert!(w.heap_bytes() <= (2 * max + CAPACITY_SLACK) * 16);
+                } else if d.retry_after_ms > 0 {
+                    let r = d.retry_after_ms;
+                    prop_assert!(w.check(&p, raw + r).unwrap().allowed);
+                    prop_assert!(!w.check(&p, raw + r - 1).unwrap().allowed);
+                }
+            }
+        }
+
+        /// (2) The full exact-log bound when the window never exceeds the
+        /// first (largest) one: shrink, regrow and precision changes are safe.
+        #[test]
+        fn exact_bound_when_window_stays_within_horizon(
+            first_window in 1..=400i64,
+            start in -1000..1000i64,
+            steps in prop::collection::vec(
+                (time_step(), 0..4i64, 0..8i64, 0..400i64, 0..400i64),
+                1..80,
+            ),
+        ) {
+            let mut w = Window::new(&params(0, first_window, 1, 0), start);
+            let mut log: Vec<(i64, i64)> = vec![];
+            let mut raw = start;
+            for (dt, cost, limit, wseed, pseed) in steps {
+                raw += dt;
+                let window_ms = 1 + wseed % first_window;
+                let precision_ms = 1 + pseed % window_ms;
+                let p = params(limit, window_ms, precision_ms, cost);
+                let t = raw.max(w.last_ms());
+                if w.check(&p, raw).unwrap().allowed {
+                    let held: i64 = log
+                        .iter()
+                        .filter(|(e, _)| *e > t - window_ms && *e <= t)
+                        .map(|(_, c)| c)
+                        .sum();
+                    prop_assert!(held + cost <= limit, "over-admitted at {}", t);
+                    w.record(&p, raw).unwrap();
+                    log.push((t, cost));
+                }
+            }
+        }
+
+        /// Any field values: validate, check and record never panic, and
+        /// whatever validates can be used.
+        #[test]
+        fn arbitrary_values_never_panic(
+            window_ms in any::<i64>(),
+            precision_ms in any::<i64>(),
+            horizon_ms in any::<i64>(),
+            last_ms in any::<i64>(),
+            buckets in prop::collection::vec((any::<i64>(), any::<i64>()), 0..6),
+            limit in any::<i64>(),
+            pw in any::<i64>(),
+            pp in any::<i64>(),
+            cost in any::<i64>(),
+            now in any::<i64>(),
+        ) {
+            let mut w = Window {
+                window_ms,
+                precision_ms,
+                horizon_ms,
+                last_ms,
+                buckets: buckets.into_iter().map(|(index, count)| Bucket { index, count }).collect(),
+            };
+            let _ = w.validate();
+            let _ = w.empty_at_ms();
+            let p = WindowParams { limit, window_ms: pw, precision_ms: pp, cost };
+            let _ = w.check(&p, now);
+            let _ = w.record(&p, now);
+            if let Ok(p) = WindowParams::parse(limit, pw, Some(cost), None) {
+                let _ = w.check(&p, now);
+                let _ = w.record(&p, now);
+                let _ = w.validate();
+            }
+        }
+    }
+}
