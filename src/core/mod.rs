@@ -9,3 +9,4 @@ pub mod error;
 pub mod id;
 pub mod ledger;
 pub mod period;
+pub mod window;

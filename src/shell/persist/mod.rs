@@ -1,0 +1,42 @@
+//! The persisted encoding of module values: the only place that knows bincode.
+//!
+//! A value is saved as one RDB string buffer: bincode 1.3.3 (`DefaultOptions`: varint,
+//! little-endian, trailing bytes rejected) of a versioned plain struct. The RDB encoding version
+//! (`encver`) says which struct a buffer holds; every older version keeps a decoder here.
+//! bincode is pinned (`=1.3.3`, format frozen, RUSTSEC-2025-0141 "unmaintained"): swapping it
+//! means a new encver with a new decoder, nothing else.
+//!
+//! Decoding never trusts the bytes: a size limit caps every allocation at the buffer's length,
+//! and the decoded value must pass its invariants before it is accepted.
+
+pub mod budget;
+
+use bincode::Options;
+
+pub use budget::{decode_budget, encode_budget, BUDGET_ENCVER};
+
+/// Largest value buffer accepted (1 GiB): bounds allocation on corrupt input.
+const MAX_BUFFER: u64 = 1 << 30;
+
+/// Why a buffer was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    UnknownVersion(i32),
+    Malformed(String),
+    Invalid(String),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::UnknownVersion(v) => write!(f, "unknown encoding version {v}"),
+            DecodeError::Malformed(e) => write!(f, "malformed payload: {e}"),
+            DecodeError::Invalid(e) => write!(f, "inconsistent payload: {e}"),
+        }
+    }
+}
+
+/// The bincode options every encoding uses; decoding also caps each allocation.
+pub(crate) fn options() -> impl Options {
+    bincode::DefaultOptions::new().with_limit(MAX_BUFFER)
+}
