@@ -28,7 +28,19 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
     let keys = ["tenant:a", "tenant:b", "tenant:{c}", "bin\u{1}key"];
     let mut ids: Vec<(usize, String)> = Vec::new();
     for k in keys {
-        ok(c, &["QUOTA.SET", k, "LIMIT", "5000", "OVERDRAFT", "50", "TTL", "40"]);
+        ok(
+            c,
+            &[
+                "QUOTA.SET",
+                k,
+                "LIMIT",
+                "5000",
+                "OVERDRAFT",
+                "50",
+                "TTL",
+                "40",
+            ],
+        );
     }
     for i in 0..ops {
         let k = rng.below(keys.len() as u64) as usize;
@@ -51,7 +63,10 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
             }
             4..=5 if !ids.is_empty() => {
                 let (k, id) = ids[rng.below(ids.len() as u64) as usize].clone();
-                let _ = q(c, &["QUOTA.SETTLE", keys[k], &id, &rng.below(400).to_string()]);
+                let _ = q(
+                    c,
+                    &["QUOTA.SETTLE", keys[k], &id, &rng.below(400).to_string()],
+                );
             }
             6 if !ids.is_empty() => {
                 let (k, id) = ids[rng.below(ids.len() as u64) as usize].clone();
@@ -72,7 +87,15 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
             }
             _ => {
                 if rng.below(20) == 0 {
-                    ok(c, &["QUOTA.SET", key, "LIMIT", &(3000 + rng.below(4000)).to_string()]);
+                    ok(
+                        c,
+                        &[
+                            "QUOTA.SET",
+                            key,
+                            "LIMIT",
+                            &(3000 + rng.below(4000)).to_string(),
+                        ],
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(rng.below(4)));
             }
@@ -84,10 +107,14 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
 fn replica_reaches_identical_digests() {
     let master = Server::start_with_module_args(&[], &["finished-ttl", "60"]);
     // The replica's own configs differ on purpose: effects carry every resolved value.
-    let replica = Server::start_with_module_args(&[], &["finished-ttl", "999999", "max-pending", "1"]);
+    let replica =
+        Server::start_with_module_args(&[], &["finished-ttl", "999999", "max-pending", "1"]);
     let mut m = master.conn();
     let mut r = replica.conn();
-    ok(&mut r, &["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
+    ok(
+        &mut r,
+        &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
+    );
     // Wait for the link.
     for _ in 0..200 {
         let info: String = redis::cmd("INFO").arg("replication").query(&mut r).unwrap();
@@ -111,7 +138,14 @@ fn replica_reaches_identical_digests() {
 
 fn aof_round_trip(preamble: &str) {
     let mut s = Server::start_with_module_args(
-        &["--appendonly", "yes", "--appendfsync", "always", "--aof-use-rdb-preamble", preamble],
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            preamble,
+        ],
         &["finished-ttl", "60"],
     );
     let mut c = s.conn();
@@ -120,7 +154,11 @@ fn aof_round_trip(preamble: &str) {
     // Replay of the incremental AOF (effects).
     s.restart();
     let mut c = s.conn();
-    assert_eq!(before, all_digests(&mut c), "AOF replay (preamble {preamble})");
+    assert_eq!(
+        before,
+        all_digests(&mut c),
+        "AOF replay (preamble {preamble})"
+    );
     // Rewrite (QUOTA.LOAD, or RDB preamble) and replay again.
     ok(&mut c, &["BGREWRITEAOF"]);
     for _ in 0..200 {
@@ -135,7 +173,11 @@ fn aof_round_trip(preamble: &str) {
     let before = all_digests(&mut c);
     s.restart();
     let mut c = s.conn();
-    assert_eq!(before, all_digests(&mut c), "AOF rewrite + replay (preamble {preamble})");
+    assert_eq!(
+        before,
+        all_digests(&mut c),
+        "AOF rewrite + replay (preamble {preamble})"
+    );
 }
 
 #[test]
@@ -159,7 +201,12 @@ fn debug_reload_dump_restore_copy_rename_are_exact() {
 
     let d0 = digest(&mut c, "tenant:a");
     let dump: Vec<u8> = redis::cmd("DUMP").arg("tenant:a").query(&mut c).unwrap();
-    let _: () = redis::cmd("RESTORE").arg("restored").arg(0).arg(&dump).query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg("restored")
+        .arg(0)
+        .arg(&dump)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(digest(&mut c, "restored"), d0);
     ok(&mut c, &["COPY", "tenant:a", "copied"]);
     assert_eq!(digest(&mut c, "copied"), d0);
@@ -167,13 +214,27 @@ fn debug_reload_dump_restore_copy_rename_are_exact() {
     assert_eq!(digest(&mut c, "renamed"), d0);
     assert_eq!(info(&mut c, "renamed"), info(&mut c, "copied"));
     // MEMORY USAGE reflects the reservation book, not a constant.
-    let small: i64 = redis::cmd("MEMORY").arg("USAGE").arg("copied").query(&mut c).unwrap();
+    let small: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("copied")
+        .query(&mut c)
+        .unwrap();
     ok(&mut c, &["QUOTA.SET", "big", "LIMIT", "100000000"]);
     for i in 0..2000 {
-        ok(&mut c, &["QUOTA.RESERVE", "big", "1", "ID", &format!("r{i}")]);
+        ok(
+            &mut c,
+            &["QUOTA.RESERVE", "big", "1", "ID", &format!("r{i}")],
+        );
     }
-    let big: i64 = redis::cmd("MEMORY").arg("USAGE").arg("big").query(&mut c).unwrap();
-    assert!(big > small + 2000 * 40, "MEMORY USAGE big={big} small={small}");
+    let big: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("big")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        big > small + 2000 * 40,
+        "MEMORY USAGE big={big} small={small}"
+    );
 }
 
 #[test]

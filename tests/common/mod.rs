@@ -53,9 +53,23 @@ impl Server {
 
     /// Starts a server passing `module_args` after the module path (`loadmodule path k v ...`).
     pub fn start_with_module_args(args: &[&str], module_args: &[&str]) -> Server {
+        Server::start_with_files(args, module_args, &[])
+    }
+
+    /// Starts a server whose data dir first receives `files` (name, contents), e.g. a golden
+    /// `dump.rdb`.
+    pub fn start_with_files(
+        args: &[&str],
+        module_args: &[&str],
+        files: &[(&str, &[u8])],
+    ) -> Server {
+        let dir = temp_dir();
+        for (name, bytes) in files {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
         let mut s = Server {
             port: 0,
-            dir: temp_dir(),
+            dir,
             child: None,
             args: args.iter().map(|s| s.to_string()).collect(),
             module_args: module_args.iter().map(|s| s.to_string()).collect(),
