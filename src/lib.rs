@@ -16,6 +16,9 @@ use shell::budget_cmds::{
 };
 use shell::budget_type::BUDGET_TYPE;
 use shell::config;
+use shell::window_apply::quota_wapply;
+use shell::window_cmds::quota_window;
+use shell::window_type::WINDOW_TYPE;
 
 /// Logs any panic with its location to the Redis log before Redis aborts, so the cause is never
 /// lost. Panics must be unreachable from input and loaded data; this is the last line.
@@ -30,6 +33,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     install_panic_hook();
     // Without it a short read during RDB load is a server panic and replicas refuse diskless load.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    // Replaces the crate's empty INFO callback with `# quota`.
+    redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
+    shell::sweeper::start(ctx);
     Status::Ok
 }
 
@@ -37,7 +43,7 @@ redis_module! {
     name: "quota",
     version: 1,
     allocator: (shell::alloc::QuotaAlloc, shell::alloc::QuotaAlloc),
-    data_types: [BUDGET_TYPE],
+    data_types: [BUDGET_TYPE, WINDOW_TYPE],
     init: init,
     commands: [
         ["QUOTA.SET", quota_set, "write deny-oom", 1, 1, 1, ""],
@@ -50,6 +56,11 @@ redis_module! {
         ["QUOTA.PENDING", quota_pending, "readonly", 1, 1, 1, ""],
         ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, ""],
         ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, ""],
+        ["QUOTA.WINDOW", quota_window, "write deny-oom fast", 1, 1, 1, ""],
+        ["QUOTA.WAPPLY", quota_wapply, "write", 1, 1, 1, ""],
+    ],
+    event_handlers: [
+        [@GENERIC: shell::sweeper::on_keyspace_event],
     ],
     configurations: [
         i64: [
@@ -57,7 +68,7 @@ redis_module! {
             ["finished-ttl", &config::FINISHED_TTL, 3_600_000, 0, i64::MAX, ConfigurationFlags::DEFAULT, None],
             ["max-pending", &config::MAX_PENDING, 1_000_000, 1, i64::MAX, ConfigurationFlags::DEFAULT, None],
             ["max-id-length", &config::MAX_ID_LENGTH, 128, 1, 65_536, ConfigurationFlags::DEFAULT, None],
-            ["sweep-effort", &config::SWEEP_EFFORT, 1000, 1, 1_000_000, ConfigurationFlags::DEFAULT, None],
+            ["sweep-effort", &config::SWEEP_EFFORT, 1000, 0, 1_000_000, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

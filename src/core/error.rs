@@ -27,6 +27,8 @@ pub enum LedgerError {
     BadEffect(&'static str),
     /// Invalid argument value caught by the core (`ERR`).
     Invalid(&'static str),
+    /// A calendar period error, already rendered with its code (`ERR ...`).
+    Period(String),
 }
 
 /// Shows at most 64 bytes of an id in an error line, escaping anything non-printable so the
@@ -71,6 +73,7 @@ impl fmt::Display for LedgerError {
             }
             LedgerError::BadEffect(why) => write!(f, "ERR effect does not apply: {why}"),
             LedgerError::Invalid(why) => write!(f, "ERR {why}"),
+            LedgerError::Period(msg) => write!(f, "{msg}"),
         }
     }
 }

@@ -12,6 +12,12 @@
 //! effect has released it, and a finished id older than `keep` is *forgotten*. Reads and
 //! decisions use this view, so what a client sees never depends on when the cleanup was written.
 //!
+//! Calendar periods: with a [`Period`], `used` and `overrun` start again from 0 at each period
+//! boundary. Pending reservations stay reserved and are charged to the period in which they
+//! settle. The reset is logical at once (reads and decisions see a fresh period) and physical
+//! through a [`Effect::Reset`] riding on the first write after the boundary; the effect carries
+//! the new bounds, so replicas never consult a time-zone database.
+//!
 //! Invariants (checked by [`Budget::check_invariants`], tested with proptest):
 //! `0 <= used`, `0 <= reserved`, `used + reserved <= i64::MAX`,
 //! `reserved == sum(pending amounts)`, `available == limit - used - reserved`.
@@ -19,6 +25,7 @@
 use crate::core::book::{Book, Entry, Finished, Id, Outcome, Reservation};
 use crate::core::error::LedgerError;
 use crate::core::id::StreamId;
+use crate::core::period::Period;
 
 /// Default reservation TTL for a new key: 1 hour.
 pub const DEFAULT_TTL_MS: i64 = 3_600_000;
@@ -61,8 +68,16 @@ impl Default for Policy {
 /// state, byte for byte: this is what is replicated and written to the AOF.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// QUOTA.SET: new settings and the resulting `used`.
-    Configure { settings: Settings, used: i64 },
+    /// QUOTA.SET: new settings, the resulting `used`, the period and its current bounds
+    /// (`[start, end)` unix ms; `None` without a period).
+    Configure {
+        settings: Settings,
+        used: i64,
+        period: Period,
+        bounds: Option<(i64, i64)>,
+    },
+    /// A period boundary passed: used and overrun restart from 0 in `[start_ms, end_ms)`.
+    Reset { start_ms: i64, end_ms: i64 },
     /// A new pending reservation created at the step's time.
     Grant {
         id: Id,
@@ -111,6 +126,8 @@ pub struct View {
     pub pending: i64,
     /// Units charged beyond what was reserved or available.
     pub overrun: i64,
+    /// The current period `[start, end)` in unix ms, `None` without a period.
+    pub period_bounds: Option<(i64, i64)>,
 }
 
 /// The logical state of one id at some time.
@@ -168,6 +185,10 @@ pub struct Budget {
     /// Last stream-style id seen or generated.
     pub(crate) last_id: StreamId,
     pub(crate) book: Book,
+    /// Calendar period (`PeriodKind::None`: no resets).
+    pub(crate) period: Period,
+    /// Bounds of the period `used` belongs to.
+    pub(crate) period_bounds: Option<(i64, i64)>,
 }
 
 fn add(a: i64, b: i64) -> Result<i64, LedgerError> {
@@ -189,6 +210,52 @@ impl Budget {
             clock_ms: at_ms,
             last_id: StreamId::ZERO,
             book: Book::default(),
+            period: Period::none(),
+            period_bounds: None,
+        }
+    }
+
+    pub fn period(&self) -> &Period {
+        &self.period
+    }
+
+    /// Has the period `used` belongs to ended by `now`?
+    fn period_ended(&self, now: i64) -> bool {
+        matches!(self.period_bounds, Some((_, end)) if now >= end)
+    }
+
+    /// The period containing `now`: the stored bounds while they hold, else computed.
+    pub fn current_bounds(&self, now: i64) -> Result<Option<(i64, i64)>, LedgerError> {
+        match self.period_bounds {
+            Some((start, end)) if now >= start && now < end => Ok(Some((start, end))),
+            _ => self
+                .period
+                .bounds(now)
+                .map_err(|e| LedgerError::Period(e.to_string())),
+        }
+    }
+
+    /// `used` as of `now`: 0 once the period it belongs to has ended.
+    fn used_at(&self, now: i64) -> i64 {
+        if self.period_ended(now) {
+            0
+        } else {
+            self.used
+        }
+    }
+
+    /// A denied RESERVE or CHARGE of `amount`: ms until the period ends if the amount would fit
+    /// in a fresh period (used = 0, reservations still held), else −1.
+    pub fn retry_after(&self, now: i64, amount: i64) -> i64 {
+        let Ok(Some((_, end))) = self.current_bounds(now) else {
+            return -1;
+        };
+        let view = self.view(now);
+        let fresh = i128::from(view.limit) - i128::from(view.reserved) + i128::from(view.overdraft);
+        if i128::from(amount) <= fresh {
+            end.saturating_sub(now).max(0)
+        } else {
+            -1
         }
     }
 
@@ -226,24 +293,27 @@ impl Budget {
     pub fn view(&self, now: i64) -> View {
         let (expired_sum, expired_count) = self.unreleased_expired(now);
         let reserved = self.reserved.saturating_sub(expired_sum).max(0);
+        let fresh = self.period_ended(now);
+        let used = if fresh { 0 } else { self.used };
         let pending = i64::try_from(self.book.pending_len())
             .unwrap_or(i64::MAX)
             .saturating_sub(expired_count);
         View {
             limit: self.settings.limit,
-            used: self.used,
+            used,
             reserved,
             // used + reserved <= i64::MAX and limit >= 0, so this cannot overflow; saturate anyway.
             available: self
                 .settings
                 .limit
-                .saturating_sub(self.used)
+                .saturating_sub(used)
                 .saturating_sub(reserved),
             overdraft: self.settings.overdraft,
             max_reserve: self.settings.max_reserve,
             default_ttl_ms: self.settings.default_ttl_ms,
             pending,
-            overrun: self.overrun,
+            overrun: if fresh { 0 } else { self.overrun },
+            period_bounds: self.current_bounds(now).unwrap_or(self.period_bounds),
         }
     }
 
@@ -301,8 +371,33 @@ impl Budget {
     /// stale finished ids, at most [`MAINTENANCE_BATCH`] of each, skipping `skip` (already
     /// prepared by the command).
     pub fn maintenance(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>) -> Vec<Effect> {
+        self.cleanup(now, keep_ms, skip, MAINTENANCE_BATCH)
+    }
+
+    /// The active sweeper's work on this key: release up to `max` expired reservations and
+    /// forget up to `max` stale ids, soonest first.
+    pub fn plan_sweep(&self, now: i64, keep_ms: i64, max: usize) -> Vec<Effect> {
+        self.cleanup(now, keep_ms, None, max)
+    }
+
+    /// When this key next has cleanup due: the soonest deadline, or the soonest time a
+    /// finished id is to be forgotten. `None` if nothing is pending or remembered.
+    pub fn next_due(&self, keep_ms: i64) -> Option<i64> {
+        let deadline = self.book.by_deadline().next().map(|(d, _)| *d);
+        let forget = self
+            .book
+            .by_finish()
+            .next()
+            .map(|(f, _)| f.saturating_add(keep_ms));
+        match (deadline, forget) {
+            (Some(d), Some(f)) => Some(d.min(f)),
+            (d, f) => d.or(f),
+        }
+    }
+
+    fn cleanup(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>, max: usize) -> Vec<Effect> {
         let mut effects = Vec::new();
-        for (deadline, id) in self.book.by_deadline().take(MAINTENANCE_BATCH) {
+        for (deadline, id) in self.book.by_deadline().take(max) {
             if *deadline > now {
                 break;
             }
@@ -314,7 +409,7 @@ impl Budget {
                 effects.push(Effect::Forget { id: id.clone() });
             }
         }
-        for (finished, id) in self.book.by_finish().take(MAINTENANCE_BATCH) {
+        for (finished, id) in self.book.by_finish().take(max) {
             if now < finished.saturating_add(keep_ms) {
                 break;
             }
@@ -335,6 +430,11 @@ impl Budget {
         command: Vec<Effect>,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
+        if self.period_ended(now) {
+            if let Ok(Some((start_ms, end_ms))) = self.current_bounds(now) {
+                effects.push(Effect::Reset { start_ms, end_ms });
+            }
+        }
         if let Some(id) = id {
             self.prepare_id(id, now, keep_ms, &mut effects);
         }
@@ -372,24 +472,64 @@ impl Budget {
         i128::from(amount) <= i128::from(view.available) + i128::from(view.overdraft)
     }
 
-    /// QUOTA.SET on an existing key. `used` overwrites used when given.
+    /// QUOTA.SET creating a key at `now`: the effect that configures a fresh budget.
+    pub fn plan_create(
+        now: i64,
+        settings: Settings,
+        used: i64,
+        period: Period,
+    ) -> Result<Effect, LedgerError> {
+        validate_settings(&settings)?;
+        if used < 0 {
+            return Err(LedgerError::Invalid("USED must not be negative"));
+        }
+        let bounds = period
+            .bounds(now)
+            .map_err(|e| LedgerError::Period(e.to_string()))?;
+        Ok(Effect::Configure {
+            settings,
+            used,
+            period,
+            bounds,
+        })
+    }
+
+    /// QUOTA.SET on an existing key. `used` overwrites used when given. A changed period takes
+    /// effect at once: the period containing `now` under the new rule begins, and the `used`
+    /// counted so far is carried into it (nothing is forgiven by changing the calendar).
     pub fn plan_configure(
         &self,
         now: i64,
         policy: &Policy,
         settings: Settings,
         used: Option<i64>,
+        period: Option<Period>,
     ) -> Result<Plan<()>, LedgerError> {
         validate_settings(&settings)?;
-        let used = used.unwrap_or(self.used);
+        let used = used.unwrap_or_else(|| self.used_at(now));
         // Stays within used + reserved <= i64::MAX whatever is released later.
         add(used, self.reserved)?;
-        let effects = self.with_upkeep(
-            now,
-            policy.keep_ms,
-            None,
-            vec![Effect::Configure { settings, used }],
-        );
+        let period = period.unwrap_or_else(|| self.period.clone());
+        let bounds = if period == self.period {
+            self.current_bounds(now)?
+        } else {
+            period
+                .bounds(now)
+                .map_err(|e| LedgerError::Period(e.to_string()))?
+        };
+        let configure = Effect::Configure {
+            settings,
+            used,
+            period,
+            bounds,
+        };
+        // The configure effect sets used and bounds itself: no separate reset.
+        let mut effects: Vec<Effect> = self
+            .with_upkeep(now, policy.keep_ms, None, Vec::new())
+            .into_iter()
+            .filter(|e| !matches!(e, Effect::Reset { .. }))
+            .collect();
+        effects.push(configure);
         Ok(Plan { effects, reply: () })
     }
 
@@ -452,7 +592,7 @@ impl Budget {
         }
         let deadline_ms = add(now, ttl)?;
         // used + reserved must stay in range, counting still-unreleased expired amounts.
-        add(add(self.used, self.reserved)?, amount)?;
+        add(add(self.used_at(now), self.reserved)?, amount)?;
         let id: Id = match id {
             Some(id) => id.into(),
             None => self.next_id(now)?,
@@ -483,7 +623,10 @@ impl Budget {
         let (status, effect) = match self.id_state(id, now, policy.keep_ms) {
             IdState::Unknown => return Err(LedgerError::NoReservation { id: id.to_vec() }),
             IdState::Pending(r) => {
-                add(sub(add(self.used, self.reserved)?, r.amount)?, actual)?;
+                add(
+                    sub(add(self.used_at(now), self.reserved)?, r.amount)?,
+                    actual,
+                )?;
                 (
                     SettleStatus::Settled,
                     Effect::Settle {
@@ -498,7 +641,7 @@ impl Budget {
                 } else {
                     self.reserved
                 };
-                add(add(self.used, reserved)?, actual)?;
+                add(add(self.used_at(now), reserved)?, actual)?;
                 (
                     SettleStatus::Late,
                     Effect::SettleLate {
@@ -646,7 +789,7 @@ impl Budget {
                 reply: false,
             });
         }
-        add(add(self.used, self.reserved)?, amount)?;
+        add(add(self.used_at(now), self.reserved)?, amount)?;
         // What goes beyond a non-negative available is overrun.
         let overrun = amount.saturating_sub(view.available.max(0)).max(0);
         let charge = Effect::Charge {
@@ -682,14 +825,38 @@ impl Budget {
     pub fn apply(&mut self, at_ms: i64, effect: &Effect) -> Result<(), LedgerError> {
         let at = at_ms.max(self.clock_ms);
         match effect {
-            Effect::Configure { settings, used } => {
+            Effect::Configure {
+                settings,
+                used,
+                period,
+                bounds,
+            } => {
                 validate_settings(settings)?;
+                validate_bounds(*bounds)?;
                 if *used < 0 {
                     return Err(LedgerError::BadEffect("negative used"));
                 }
+                if period.is_none() != bounds.is_none() {
+                    return Err(LedgerError::BadEffect("period and bounds disagree"));
+                }
                 add(*used, self.reserved)?;
+                if self.period_ended(at) {
+                    // The old period is over: its overrun goes with it (used comes in the effect).
+                    self.overrun = 0;
+                }
                 self.settings = *settings;
                 self.used = *used;
+                self.period = period.clone();
+                self.period_bounds = *bounds;
+            }
+            Effect::Reset { start_ms, end_ms } => {
+                validate_bounds(Some((*start_ms, *end_ms)))?;
+                if self.period.is_none() {
+                    return Err(LedgerError::BadEffect("reset of a budget without a period"));
+                }
+                self.used = 0;
+                self.overrun = 0;
+                self.period_bounds = Some((*start_ms, *end_ms));
             }
             Effect::Grant {
                 id,
@@ -817,6 +984,14 @@ impl Budget {
         Ok(())
     }
 
+    /// The physical pending reservation `id`, expired or not.
+    pub fn pending_reservation(&self, id: &[u8]) -> Option<Reservation> {
+        match self.book.get(id) {
+            Some(Entry::Pending(r)) => Some(*r),
+            _ => None,
+        }
+    }
+
     fn pending_entry(&self, id: &[u8]) -> Result<Reservation, LedgerError> {
         match self.book.get(id) {
             Some(Entry::Pending(r)) => Ok(*r),
@@ -837,6 +1012,10 @@ impl Budget {
     /// Checks the ledger invariants; used after loading untrusted data and in tests.
     pub fn check_invariants(&self) -> Result<(), LedgerError> {
         validate_settings(&self.settings)?;
+        validate_bounds(self.period_bounds)?;
+        if self.period.is_none() != self.period_bounds.is_none() {
+            return Err(LedgerError::BadEffect("period and bounds disagree"));
+        }
         if self.used < 0 || self.reserved < 0 || self.overrun < 0 {
             return Err(LedgerError::BadEffect("negative counter"));
         }
@@ -856,6 +1035,13 @@ impl Budget {
             ));
         }
         Ok(())
+    }
+}
+
+fn validate_bounds(bounds: Option<(i64, i64)>) -> Result<(), LedgerError> {
+    match bounds {
+        Some((start, end)) if start >= end => Err(LedgerError::BadEffect("empty period")),
+        _ => Ok(()),
     }
 }
 

@@ -1,8 +1,12 @@
 //! Internal commands that carry effects to replicas and the AOF:
 //! - `QUOTA.APPLY key at_ms EFFECT args ...` (see [`crate::shell::effects`]), one per write;
-//! - `QUOTA.LOAD key encver payload`, the exact state of a key, written by AOF rewrite.
+//! - `QUOTA.LOAD key type encver payload`, the exact state of a key of either type
+//!   (`rq-budget` or `rq-window`), written by AOF rewrite. The legacy form
+//!   `QUOTA.LOAD key encver payload` (budgets only, written before windows existed) still loads.
 //!
-//! Both are accepted only from the master link or while loading: a client could otherwise
+//! `QUOTA.WAPPLY` (window effects) lives in [`crate::shell::window_apply`].
+//!
+//! All are accepted only from the master link or while loading: a client could otherwise
 //! forge any state.
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
@@ -10,16 +14,18 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use crate::core::ledger::{Budget, Effect};
 use crate::shell::args::Args;
 use crate::shell::budget_cmds::apply_all;
-use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
+use crate::shell::window_key::WindowKey;
+use crate::shell::window_type::WINDOW_TYPE_NAME;
 use crate::shell::{effects, persist};
 
 /// Is this call replaying the master's stream or the AOF?
-fn from_replication_or_loading(ctx: &Context) -> bool {
+pub(crate) fn from_replication_or_loading(ctx: &Context) -> bool {
     let flags = ctx.get_flags();
     flags.contains(ContextFlags::REPLICATED) || flags.contains(ContextFlags::LOADING)
 }
 
-fn internal_only(name: &str) -> RedisError {
+pub(crate) fn internal_only(name: &str) -> RedisError {
     RedisError::String(format!(
         "ERR {name} is internal: it is accepted only from the master or while loading the AOF"
     ))
@@ -60,19 +66,41 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
 }
 
-/// `QUOTA.LOAD key encver payload` → OK. Replaces the key's value with the decoded state.
+/// `QUOTA.LOAD key type encver payload` (or legacy `QUOTA.LOAD key encver payload`, a budget)
+/// → OK. Replaces the key's value with the decoded state; the type token says which decoder
+/// (an encver alone does not name the type). A key of another type is refused with WRONGTYPE.
 pub fn quota_load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if !from_replication_or_loading(ctx) {
         return Err(internal_only("QUOTA.LOAD"));
     }
-    let mut a = Args::new(&args, 3)?;
+    // The command name plus 3 arguments is the legacy form.
+    let legacy = args.len() == 4;
+    let mut a = Args::new(&args, if legacy { 3 } else { 4 })?;
     let key_name = a.next_string()?;
+    let type_name: &[u8] = if legacy {
+        BUDGET_TYPE_NAME.as_bytes()
+    } else {
+        a.next_bytes()?
+    };
     let encver = i32::try_from(a.next_i64()?).map_err(|_| RedisError::Str("ERR bad encver"))?;
     let payload = a.next_bytes()?;
-    let budget = persist::decode_budget(encver, payload)
-        .map_err(|e| RedisError::String(format!("ERR QUOTA.LOAD: {e}")))?;
-    let key = ctx.open_key_writable(key_name);
-    crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+    if !a.is_empty() {
+        return Err(RedisError::WrongArity);
+    }
+    let bad = |e: persist::DecodeError| RedisError::String(format!("ERR QUOTA.LOAD: {e}"));
+    if type_name == BUDGET_TYPE_NAME.as_bytes() {
+        let budget = persist::decode_budget(encver, payload).map_err(bad)?;
+        let key = ctx.open_key_writable(key_name);
+        crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+    } else if type_name == WINDOW_TYPE_NAME.as_bytes() {
+        let window = persist::decode_window(encver, payload).map_err(bad)?;
+        WindowKey::open_writable(ctx, key_name)?.set_value(window)?;
+    } else {
+        return Err(RedisError::String(format!(
+            "ERR QUOTA.LOAD: unknown type '{}'",
+            crate::core::error::printable_id(type_name)
+        )));
+    }
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }

@@ -6,10 +6,11 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::core::ledger::{
     Budget, Effect, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, View,
 };
+use crate::core::period::{Period, PeriodError, PeriodKind};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::reply::{reply_fields, Field};
-use crate::shell::{clock, config, replicate};
+use crate::shell::{clock, config, events, replicate, stats, sweeper};
 
 /// Most entries QUOTA.PENDING returns in one call.
 pub const MAX_PENDING_COUNT: i64 = 10_000;
@@ -47,18 +48,76 @@ fn run_write<R>(
     let key = ctx.open_key_writable(key_name);
     let budget =
         crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))?.ok_or_else(noquota)?;
-    let result = apply_all(budget, now, &plan.effects);
-    replicate::replicate_effects(
-        ctx,
-        key_name,
-        now,
-        plan.effects.get(..result.applied).unwrap_or(&[]),
-    );
-    if let Some(e) = result.error {
-        return Err(e);
-    }
+    apply_and_propagate(ctx, key_name, budget, now, &plan.effects)?;
     let view = budget.view(now);
     Ok((plan.reply, view))
+}
+
+/// Applies effects to a budget in place and does everything that follows a change: replicate
+/// the applied effects, publish their keyspace events, keep the module counters and the
+/// sweeper's index in step. Returns how many effects were applied, or the error that stopped
+/// them (the ones before it are kept and replicated).
+pub fn apply_and_propagate(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+) -> Result<usize, RedisError> {
+    let before = Counts::of(budget);
+    let result = apply_all(budget, at, effects);
+    Counts::of(budget).record_since(&before);
+    let applied = effects.get(..result.applied).unwrap_or(&[]);
+    replicate::replicate_effects(ctx, key_name, at, applied);
+    let expired = applied
+        .iter()
+        .filter(|e| matches!(e, Effect::Release { .. }))
+        .count();
+    stats::add(&stats::EXPIRED, i64::try_from(expired).unwrap_or(0));
+    events::notify(ctx, key_name, applied, budget.view(at).available);
+    sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
+    match result.error {
+        Some(e) => Err(e),
+        None => Ok(result.applied),
+    }
+}
+
+/// Pending and remembered counts of a budget, to keep the module-wide totals in step.
+pub struct Counts {
+    pending: i64,
+    remembered: i64,
+}
+
+impl Counts {
+    pub fn of(b: &Budget) -> Counts {
+        Counts {
+            pending: i64::try_from(b.book().pending_len()).unwrap_or(i64::MAX),
+            remembered: i64::try_from(b.book().finished_len()).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// Adds the change from `before` to the module totals.
+    pub fn record_since(&self, before: &Counts) {
+        stats::add(&stats::PENDING, self.pending.saturating_sub(before.pending));
+        stats::add(
+            &stats::REMEMBERED,
+            self.remembered.saturating_sub(before.remembered),
+        );
+    }
+
+    /// Adds a whole value (created or loaded) to the module totals.
+    pub fn adopt(&self) {
+        stats::add(&stats::PENDING, self.pending);
+        stats::add(&stats::REMEMBERED, self.remembered);
+        stats::bump(&stats::BUDGET_KEYS);
+    }
+
+    /// Removes a whole value (freed) from the module totals.
+    pub fn drop_value(&self) {
+        stats::add(&stats::PENDING, self.pending.saturating_neg());
+        stats::add(&stats::REMEMBERED, self.remembered.saturating_neg());
+        stats::add(&stats::BUDGET_KEYS, -1);
+    }
 }
 
 /// How far a list of effects got.
@@ -99,6 +158,8 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (mut limit, mut used, mut overdraft, mut max_reserve, mut ttl) =
         (None, None, None, None, None);
     let (mut nx, mut xx, mut at) = (false, false, None);
+    let (mut kind, mut tz, mut anchor): (Option<PeriodKind>, Option<&[u8]>, Option<i64>) =
+        (None, None, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"LIMIT") {
@@ -117,6 +178,12 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             max_reserve = Some((m >= 0).then_some(m));
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
+        } else if t.eq_ignore_ascii_case(b"PERIOD") {
+            kind = Some(PeriodKind::parse(a.next_bytes()?).map_err(period_err)?);
+        } else if t.eq_ignore_ascii_case(b"TZ") {
+            tz = Some(a.next_bytes()?);
+        } else if t.eq_ignore_ascii_case(b"ANCHOR") {
+            anchor = Some(a.next_i64()?);
         } else if t.eq_ignore_ascii_case(b"NX") {
             nx = true;
         } else if t.eq_ignore_ascii_case(b"XX") {
@@ -143,6 +210,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             return Ok(RedisValue::Integer(0));
         }
         run_write(ctx, key_name, at, |b, now| {
+            let period = merge_period(b.period(), kind, tz, anchor)?;
             let s = b.settings();
             let settings = Settings {
                 limit: limit.unwrap_or(s.limit),
@@ -150,7 +218,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 max_reserve: max_reserve.unwrap_or(s.max_reserve),
                 default_ttl_ms: ttl.unwrap_or(s.default_ttl_ms),
             };
-            b.plan_configure(now, &policy, settings, used)
+            b.plan_configure(now, &policy, settings, used, period)
                 .map_err(ledger_err)
         })?;
         return Ok(RedisValue::Integer(0));
@@ -167,17 +235,42 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         max_reserve: max_reserve.unwrap_or(None),
         default_ttl_ms: ttl.unwrap_or_else(config::default_ttl),
     };
-    crate::core::ledger::validate_settings(&settings).map_err(ledger_err)?;
-    let configure = Effect::Configure {
-        settings,
-        used: used.unwrap_or(0),
-    };
+    let period = merge_period(&Period::none(), kind, tz, anchor)?.unwrap_or_else(Period::none);
+    let configure =
+        Budget::plan_create(wall, settings, used.unwrap_or(0), period).map_err(ledger_err)?;
     let mut budget = Budget::new(settings, wall);
     budget.apply(wall, &configure).map_err(ledger_err)?;
     let key = ctx.open_key_writable(key_name);
+    Counts::of(&budget).adopt();
     crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
-    replicate::replicate_effects(ctx, key_name, wall, &[configure]);
+    replicate::replicate_effects(ctx, key_name, wall, std::slice::from_ref(&configure));
+    events::notify(ctx, key_name, &[configure], 0);
     Ok(RedisValue::Integer(1))
+}
+
+fn period_err(e: PeriodError) -> RedisError {
+    RedisError::String(e.to_string())
+}
+
+/// The period after a QUOTA.SET: `None` if PERIOD, TZ and ANCHOR were all absent (unchanged).
+/// A TZ or ANCHOR alone keeps the current kind; PERIOD NONE clears the anchor.
+fn merge_period(
+    current: &Period,
+    kind: Option<PeriodKind>,
+    tz: Option<&[u8]>,
+    anchor: Option<i64>,
+) -> Result<Option<Period>, RedisError> {
+    if kind.is_none() && tz.is_none() && anchor.is_none() {
+        return Ok(None);
+    }
+    let kind = kind.unwrap_or(current.kind);
+    let tz = tz.unwrap_or(current.tz.as_bytes());
+    let anchor = if kind == PeriodKind::None && anchor.is_none() {
+        None
+    } else {
+        anchor.or(current.anchor_ms)
+    };
+    Period::new(kind, tz, anchor).map(Some).map_err(period_err)
 }
 
 /// Reads a budget for a read-only command: `None` for a missing key.
@@ -204,9 +297,13 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             None => return Err(syntax_error(t)),
         }
     }
-    let Some(v) = with_budget(ctx, key_name, at, |b, now| b.view(now))? else {
+    let Some((v, period)) = with_budget(ctx, key_name, at, |b, now| {
+        (b.view(now), b.period().clone())
+    })?
+    else {
         return Ok(RedisValue::Null);
     };
+    let (start, end) = v.period_bounds.unwrap_or((-1, -1));
     reply_fields(
         ctx,
         &[
@@ -219,6 +316,10 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             ("default_ttl_ms", Field::Int(v.default_ttl_ms)),
             ("pending", Field::Int(v.pending)),
             ("overrun", Field::Int(v.overrun)),
+            ("period", Field::Str(period.kind.as_str().to_string())),
+            ("tz", Field::Str(period.tz)),
+            ("period_start_ms", Field::Int(start)),
+            ("period_end_ms", Field::Int(end)),
         ],
     )
 }
@@ -245,10 +346,20 @@ pub fn quota_reserve(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     }
     let policy = config::policy();
-    let (reply, view) = run_write(ctx, key_name, at, |b, now| {
-        b.plan_reserve(now, &policy, amount, id, ttl)
-            .map_err(ledger_err)
+    let ((reply, retry), view) = run_write(ctx, key_name, at, |b, now| {
+        let plan = b
+            .plan_reserve(now, &policy, amount, id, ttl)
+            .map_err(ledger_err)?;
+        let retry = b.retry_after(now, amount);
+        Ok(Plan {
+            effects: plan.effects,
+            reply: (plan.reply, retry),
+        })
     })?;
+    stats::bump(match reply {
+        ReserveReply::Denied => &stats::DENIED,
+        _ => &stats::GRANTED,
+    });
     Ok(match reply {
         ReserveReply::Granted { id } | ReserveReply::Retried { id } => RedisValue::Array(vec![
             RedisValue::Integer(1),
@@ -260,16 +371,21 @@ pub fn quota_reserve(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             RedisValue::Integer(0),
             RedisValue::Null,
             RedisValue::Integer(view.available),
-            RedisValue::Integer(-1),
+            RedisValue::Integer(retry),
         ]),
     })
 }
 
-/// Parses `key id` and an optional trailing `AT ms`, after `extra` numeric arguments.
-fn key_id_tail<'a>(
-    a: &mut Args<'a>,
-    extra: usize,
-) -> Result<(&'a RedisString, &'a [u8], Vec<i64>, Option<i64>), RedisError> {
+/// `key id [n ...] [AT ms]`: the shape of SETTLE, ROLLBACK and EXTEND.
+struct KeyIdArgs<'a> {
+    key: &'a RedisString,
+    id: &'a [u8],
+    nums: Vec<i64>,
+    at: Option<i64>,
+}
+
+/// Parses `key id`, then `extra` integers, then an optional trailing `AT ms`.
+fn key_id_tail<'a>(a: &mut Args<'a>, extra: usize) -> Result<KeyIdArgs<'a>, RedisError> {
     let key = a.next_string()?;
     let id = a.next_bytes()?;
     check_id(id, config::max_id_length())?;
@@ -285,13 +401,18 @@ fn key_id_tail<'a>(
             None => return Err(syntax_error(t)),
         }
     }
-    Ok((key, id, nums, at))
+    Ok(KeyIdArgs { key, id, nums, at })
 }
 
 /// `QUOTA.SETTLE key id actual [AT ms]` → `[status, charged, available]`.
 pub fn quota_settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 3)?;
-    let (key_name, id, nums, at) = key_id_tail(&mut a, 1)?;
+    let KeyIdArgs {
+        key: key_name,
+        id,
+        nums,
+        at,
+    } = key_id_tail(&mut a, 1)?;
     let actual = nums.first().copied().unwrap_or(0);
     if actual < 0 {
         return Err(RedisError::Str("ERR actual must not be negative"));
@@ -301,8 +422,14 @@ pub fn quota_settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         b.plan_settle(now, &policy, id, actual).map_err(ledger_err)
     })?;
     let status = match status {
-        SettleStatus::Settled => "settled",
-        SettleStatus::Late => "late",
+        SettleStatus::Settled => {
+            stats::bump(&stats::SETTLED);
+            "settled"
+        }
+        SettleStatus::Late => {
+            stats::bump(&stats::LATE);
+            "late"
+        }
         SettleStatus::Duplicate => "duplicate",
     };
     Ok(RedisValue::Array(vec![
@@ -315,13 +442,21 @@ pub fn quota_settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `QUOTA.ROLLBACK key id [AT ms]` → `[status, released, available]`.
 pub fn quota_rollback(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 2)?;
-    let (key_name, id, _, at) = key_id_tail(&mut a, 0)?;
+    let KeyIdArgs {
+        key: key_name,
+        id,
+        at,
+        ..
+    } = key_id_tail(&mut a, 0)?;
     let policy = config::policy();
     let ((status, released), view) = run_write(ctx, key_name, at, |b, now| {
         b.plan_rollback(now, &policy, id).map_err(ledger_err)
     })?;
     let status = match status {
-        RollbackStatus::RolledBack => "rolledback",
+        RollbackStatus::RolledBack => {
+            stats::bump(&stats::ROLLED_BACK);
+            "rolledback"
+        }
         RollbackStatus::Duplicate => "duplicate",
         RollbackStatus::Expired => "expired",
     };
@@ -335,7 +470,12 @@ pub fn quota_rollback(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `QUOTA.EXTEND key id ttl_ms [AT ms]` → ttl_ms.
 pub fn quota_extend(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 3)?;
-    let (key_name, id, nums, at) = key_id_tail(&mut a, 1)?;
+    let KeyIdArgs {
+        key: key_name,
+        id,
+        nums,
+        at,
+    } = key_id_tail(&mut a, 1)?;
     let ttl = nums.first().copied().unwrap_or(0);
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
@@ -368,14 +508,29 @@ pub fn quota_charge(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     }
     let policy = config::policy();
-    let (charged, view) = run_write(ctx, key_name, at, |b, now| {
-        b.plan_charge(now, &policy, amount, id, force)
-            .map_err(ledger_err)
+    let ((charged, retry), view) = run_write(ctx, key_name, at, |b, now| {
+        let plan = b
+            .plan_charge(now, &policy, amount, id, force)
+            .map_err(ledger_err)?;
+        let retry = if plan.reply {
+            0
+        } else {
+            b.retry_after(now, amount)
+        };
+        Ok(Plan {
+            effects: plan.effects,
+            reply: (plan.reply, retry),
+        })
     })?;
+    stats::bump(if charged {
+        &stats::CHARGED
+    } else {
+        &stats::CHARGE_DENIED
+    });
     Ok(RedisValue::Array(vec![
         RedisValue::Integer(i64::from(charged)),
         RedisValue::Integer(view.available),
-        RedisValue::Integer(if charged { 0 } else { -1 }),
+        RedisValue::Integer(retry),
     ]))
 }
 

@@ -10,11 +10,16 @@ use std::os::raw::{c_int, c_void};
 use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::ledger::Budget;
+use crate::shell::budget_cmds::Counts;
 use crate::shell::persist::{decode_budget, encode_budget, BUDGET_ENCVER};
+use crate::shell::sweeper;
+
+/// The type's name, also the type token of `QUOTA.LOAD`.
+pub const BUDGET_TYPE_NAME: &str = "rq-budget";
 
 /// The budget type. The 9-character name and the encver go into every RDB: never rename it.
 pub static BUDGET_TYPE: RedisType = RedisType::new(
-    "rq-budget",
+    BUDGET_TYPE_NAME,
     BUDGET_ENCVER,
     raw::RedisModuleTypeMethods {
         version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
@@ -51,7 +56,13 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         return std::ptr::null_mut();
     };
     match decode_budget(encver, buffer.as_ref()) {
-        Ok(budget) => Box::into_raw(Box::new(budget)).cast::<c_void>(),
+        Ok(budget) => {
+            Counts::of(&budget).adopt();
+            if let Some((db, key)) = sweeper::key_of_io(rdb) {
+                sweeper::track_budget(db, &key, &budget);
+            }
+            Box::into_raw(Box::new(budget)).cast::<c_void>()
+        }
         Err(e) => {
             logging::log_io_error(
                 rdb,
@@ -63,7 +74,8 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     }
 }
 
-/// Rewrites the key as one `QUOTA.LOAD key encver payload`: the exact state, absolute times.
+/// Rewrites the key as one `QUOTA.LOAD key rq-budget encver payload`: the exact state, absolute
+/// times.
 unsafe extern "C" fn aof_rewrite(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
@@ -72,17 +84,28 @@ unsafe extern "C" fn aof_rewrite(
     let Some(budget) = value.cast::<Budget>().as_ref() else {
         return;
     };
-    emit_load(aof, key, BUDGET_ENCVER, &encode_budget(budget));
+    emit_load(
+        aof,
+        key,
+        BUDGET_TYPE_NAME,
+        BUDGET_ENCVER,
+        &encode_budget(budget),
+    );
 }
 
-/// Emits `QUOTA.LOAD key encver payload` into an AOF rewrite.
+/// Emits `QUOTA.LOAD key type_name encver payload` into an AOF rewrite (any of our types).
 pub(crate) unsafe fn emit_load(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
+    type_name: &str,
     encver: i32,
     payload: &[u8],
 ) {
-    let (Ok(cmd), Ok(fmt)) = (CString::new("QUOTA.LOAD"), CString::new("slb")) else {
+    let (Ok(cmd), Ok(fmt), Ok(type_name)) = (
+        CString::new("QUOTA.LOAD"),
+        CString::new("sclb"),
+        CString::new(type_name),
+    ) else {
         return;
     };
     if let Some(emit) = raw::RedisModule_EmitAOF {
@@ -91,6 +114,7 @@ pub(crate) unsafe fn emit_load(
             cmd.as_ptr(),
             fmt.as_ptr(),
             key,
+            type_name.as_ptr(),
             libc::c_longlong::from(encver),
             payload.as_ptr(),
             payload.len(),
@@ -100,7 +124,10 @@ pub(crate) unsafe fn emit_load(
 
 unsafe extern "C" fn free(value: *mut c_void) {
     if !value.is_null() {
-        drop(Box::from_raw(value.cast::<Budget>()));
+        let budget = Box::from_raw(value.cast::<Budget>());
+        // Atomics only: this may run on the lazy-free thread.
+        Counts::of(&budget).drop_value();
+        drop(budget);
     }
 }
 
@@ -135,7 +162,10 @@ unsafe extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     match value.cast::<Budget>().as_ref() {
-        Some(b) => Box::into_raw(Box::new(b.clone())).cast::<c_void>(),
+        Some(b) => {
+            Counts::of(b).adopt();
+            Box::into_raw(Box::new(b.clone())).cast::<c_void>()
+        }
         None => std::ptr::null_mut(),
     }
 }

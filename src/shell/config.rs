@@ -15,7 +15,8 @@ pub static FINISHED_TTL: AtomicI64 = AtomicI64::new(DEFAULT_KEEP_MS);
 pub static MAX_PENDING: AtomicI64 = AtomicI64::new(1_000_000);
 /// `quota.max-id-length` (bytes).
 pub static MAX_ID_LENGTH: AtomicI64 = AtomicI64::new(128);
-/// `quota.sweep-effort`: most reservations the active sweeper releases per tick.
+/// `quota.sweep-effort`: most reservations the active sweeper releases per tick; 0 turns the
+/// sweeper off (expired reservations are then released lazily, by writes to their key).
 pub static SWEEP_EFFORT: AtomicI64 = AtomicI64::new(1000);
 /// `quota.test-clock`: when on, time-dependent commands accept `AT unix_ms`. Unsafe in production.
 pub static TEST_CLOCK: AtomicBool = AtomicBool::new(false);

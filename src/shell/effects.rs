@@ -1,7 +1,8 @@
 //! The wire form of ledger effects, as replicated and written to the AOF:
 //!
 //! `QUOTA.APPLY key at_ms EFFECT args [EFFECT args ...]` with
-//! - `CONFIG limit used overdraft max_reserve(-1 = none) default_ttl_ms`
+//! - `CONFIG limit used overdraft max_reserve(-1 = none) default_ttl_ms period tz anchor|- start|- end|-`
+//! - `RESET start_ms end_ms` (a period boundary passed)
 //! - `GRANT id amount deadline_ms` · `SETTLE id actual` · `LATE id actual` · `ROLLBACK id`
 //! - `RELEASE id` · `EXTEND id deadline_ms` · `CHARGE amount overrun` · `CHARGEID amount overrun id`
 //! - `FORGET id`
@@ -12,6 +13,7 @@
 use redis_module::RedisError;
 
 use crate::core::ledger::{Effect, Settings};
+use crate::core::period::{Period, PeriodError, PeriodKind};
 use crate::shell::args::{parse_i64, syntax_error};
 
 /// Appends the tokens of one effect to `out`.
@@ -20,14 +22,30 @@ pub fn encode(effect: &Effect, out: &mut Vec<Vec<u8>>) {
         n.to_string().into_bytes()
     }
     match effect {
-        Effect::Configure { settings, used } => out.extend([
-            b"CONFIG".to_vec(),
-            num(settings.limit),
-            num(*used),
-            num(settings.overdraft),
-            num(settings.max_reserve.unwrap_or(-1)),
-            num(settings.default_ttl_ms),
-        ]),
+        Effect::Configure {
+            settings,
+            used,
+            period,
+            bounds,
+        } => {
+            let opt = |v: Option<i64>| v.map_or_else(|| b"-".to_vec(), num);
+            out.extend([
+                b"CONFIG".to_vec(),
+                num(settings.limit),
+                num(*used),
+                num(settings.overdraft),
+                num(settings.max_reserve.unwrap_or(-1)),
+                num(settings.default_ttl_ms),
+                period.kind.as_str().as_bytes().to_vec(),
+                period.tz.as_bytes().to_vec(),
+                opt(period.anchor_ms),
+                opt(bounds.map(|b| b.0)),
+                opt(bounds.map(|b| b.1)),
+            ])
+        }
+        Effect::Reset { start_ms, end_ms } => {
+            out.extend([b"RESET".to_vec(), num(*start_ms), num(*end_ms)])
+        }
         Effect::Grant {
             id,
             amount,
@@ -68,6 +86,19 @@ pub fn encode(effect: &Effect, out: &mut Vec<Vec<u8>>) {
     }
 }
 
+fn period_err(e: PeriodError) -> RedisError {
+    RedisError::String(e.to_string())
+}
+
+/// `-` or an integer.
+fn parse_opt(token: &[u8]) -> Result<Option<i64>, RedisError> {
+    if token == b"-" {
+        Ok(None)
+    } else {
+        parse_i64(token).map(Some)
+    }
+}
+
 /// Parses effects from tokens (everything after `at_ms`).
 pub fn decode<'a, I>(tokens: I) -> Result<Vec<Effect>, RedisError>
 where
@@ -85,6 +116,16 @@ where
                 let overdraft = parse_i64(next(&mut it)?)?;
                 let max = parse_i64(next(&mut it)?)?;
                 let default_ttl_ms = parse_i64(next(&mut it)?)?;
+                let kind = PeriodKind::parse(next(&mut it)?).map_err(period_err)?;
+                let tz = next(&mut it)?;
+                let anchor = parse_opt(next(&mut it)?)?;
+                let start = parse_opt(next(&mut it)?)?;
+                let end = parse_opt(next(&mut it)?)?;
+                let bounds = match (start, end) {
+                    (Some(s), Some(e)) => Some((s, e)),
+                    (None, None) => None,
+                    _ => return Err(RedisError::Str("ERR QUOTA.APPLY: half a period")),
+                };
                 Effect::Configure {
                     settings: Settings {
                         limit,
@@ -93,8 +134,14 @@ where
                         default_ttl_ms,
                     },
                     used,
+                    period: Period::new(kind, tz, anchor).map_err(period_err)?,
+                    bounds,
                 }
             }
+            b"RESET" => Effect::Reset {
+                start_ms: parse_i64(next(&mut it)?)?,
+                end_ms: parse_i64(next(&mut it)?)?,
+            },
             b"GRANT" => Effect::Grant {
                 id: next(&mut it)?.into(),
                 amount: parse_i64(next(&mut it)?)?,

@@ -9,9 +9,16 @@ pub mod budget_type;
 pub mod clock;
 pub mod config;
 pub mod effects;
+pub mod events;
 pub mod persist;
 pub mod replicate;
 pub mod reply;
+pub mod stats;
+pub mod sweeper;
+pub mod window_apply;
+pub mod window_cmds;
+pub mod window_key;
+pub mod window_type;
 
 /// Makes `msg` safe for the Redis log, which treats it as a printf format and stops at NUL.
 pub fn log_safe(msg: &str) -> String {

@@ -7,9 +7,12 @@ use super::{options, DecodeError};
 use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
 use crate::core::id::StreamId;
 use crate::core::ledger::{Budget, Settings};
+use crate::core::period::{Period, PeriodKind};
 
 /// Encoding version of budget values written by this build.
-pub const BUDGET_ENCVER: i32 = 1;
+/// - 1: ledger, pending reservations, finished ids.
+/// - 2: adds the calendar period (kind, zone, anchor) and the current period's bounds.
+pub const BUDGET_ENCVER: i32 = 2;
 
 #[derive(Serialize, Deserialize)]
 enum OutcomeV1 {
@@ -38,6 +41,16 @@ struct BudgetV1 {
     finished: Vec<(Vec<u8>, OutcomeV1, i64)>,
 }
 
+/// Encoding version 2: version 1 followed by the period.
+#[derive(Serialize, Deserialize)]
+struct BudgetV2 {
+    v1: BudgetV1,
+    period_kind: PeriodKind,
+    tz: String,
+    anchor_ms: Option<i64>,
+    bounds: Option<(i64, i64)>,
+}
+
 /// Encodes a budget at the current encoding version.
 pub fn encode_budget(b: &Budget) -> Vec<u8> {
     let mut pending = Vec::new();
@@ -56,7 +69,7 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
             }
         }
     }
-    let v = BudgetV1 {
+    let v1 = BudgetV1 {
         limit: b.settings.limit,
         used: b.used,
         reserved: b.reserved,
@@ -69,6 +82,13 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
         pending,
         finished,
     };
+    let v = BudgetV2 {
+        v1,
+        period_kind: b.period.kind,
+        tz: b.period.tz.clone(),
+        anchor_ms: b.period.anchor_ms,
+        bounds: b.period_bounds,
+    };
     // Serializing plain integers and byte vectors into a Vec cannot fail under the 1 GiB limit
     // unless the value itself is larger; an empty buffer then fails loudly on load instead.
     options().serialize(&v).unwrap_or_default()
@@ -76,16 +96,24 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
 
 /// Decodes a budget written at encoding version `encver`.
 pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
+    let malformed = |e: bincode::Error| DecodeError::Malformed(e.to_string());
     match encver {
-        1 => decode_v1(bytes),
+        1 => from_v1(options().deserialize(bytes).map_err(malformed)?, None),
+        2 => {
+            let v2: BudgetV2 = options().deserialize(bytes).map_err(malformed)?;
+            let period = Period::new(v2.period_kind, v2.tz.as_bytes(), v2.anchor_ms)
+                .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+            from_v1(v2.v1, Some((period, v2.bounds)))
+        }
         v => Err(DecodeError::UnknownVersion(v)),
     }
 }
 
-fn decode_v1(bytes: &[u8]) -> Result<Budget, DecodeError> {
-    let v: BudgetV1 = options()
-        .deserialize(bytes)
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+fn from_v1(
+    v: BudgetV1,
+    period: Option<(Period, Option<(i64, i64)>)>,
+) -> Result<Budget, DecodeError> {
+    let (period, period_bounds) = period.unwrap_or_else(|| (Period::none(), None));
     let mut book = Book::default();
     for (id, amount, created_ms, deadline_ms) in v.pending {
         if id.is_empty() || book.get(&id).is_some() {
@@ -134,6 +162,8 @@ fn decode_v1(bytes: &[u8]) -> Result<Budget, DecodeError> {
             seq: v.last_id.1,
         },
         book,
+        period,
+        period_bounds,
     };
     budget
         .check_invariants()
@@ -191,7 +221,7 @@ mod tests {
         let bytes = encode_budget(&sample());
         for cut in 0..bytes.len() {
             assert!(
-                decode_budget(1, &bytes[..cut]).is_err(),
+                decode_budget(BUDGET_ENCVER, &bytes[..cut]).is_err(),
                 "truncated at {cut}"
             );
         }
@@ -200,18 +230,18 @@ mod tests {
                 let mut b = bytes.clone();
                 b[i] ^= 1 << bit;
                 // Must not panic; either refused or a value that passes the invariants.
-                if let Ok(v) = decode_budget(1, &b) {
+                if let Ok(v) = decode_budget(BUDGET_ENCVER, &b) {
                     v.check_invariants().unwrap();
                 }
             }
         }
         assert_eq!(
-            decode_budget(2, &bytes).unwrap_err(),
-            DecodeError::UnknownVersion(2)
+            decode_budget(BUDGET_ENCVER + 1, &bytes).unwrap_err(),
+            DecodeError::UnknownVersion(BUDGET_ENCVER + 1)
         );
         // A huge length prefix must not allocate it.
         let mut huge = vec![0u8; 9];
         huge.extend([0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
-        assert!(decode_budget(1, &huge).is_err());
+        assert!(decode_budget(BUDGET_ENCVER, &huge).is_err());
     }
 }

@@ -10,10 +10,12 @@
 //! and the decoded value must pass its invariants before it is accepted.
 
 pub mod budget;
+pub mod window;
 
 use bincode::Options;
 
 pub use budget::{decode_budget, encode_budget, BUDGET_ENCVER};
+pub use window::{decode_window, encode_window, WINDOW_ENCVER};
 
 /// Largest value buffer accepted (1 GiB): bounds allocation on corrupt input.
 const MAX_BUFFER: u64 = 1 << 30;

@@ -1,0 +1,223 @@
+//! Active expiry of reservations: a timer that, on the master only, releases expired
+//! reservations (and forgets stale finished ids) in keys nobody touches.
+//!
+//! - A module-wide index orders keys by their next due time (soonest reservation deadline or
+//!   id-forget time), so a tick never scans the keyspace: it pops due keys, soonest first.
+//! - Each tick does bounded work: at most `quota.sweep-effort` releases, then it yields.
+//! - Each release is an ordinary effect, replicated as `QUOTA.APPLY` and published as a
+//!   `quota.expire` keyspace event. Replicas never sweep: they apply the master's effects.
+//! - Nothing is replicated while `RM_AvoidReplicaTraffic()` says so (failover, CLIENT PAUSE).
+//! - Timers are not persisted: the timer is armed at load and re-armed by every tick on every
+//!   role; the index is rebuilt from RDB loads, AOF replays and replicated writes, so a restart,
+//!   a failover or DEBUG RELOAD leaves it complete.
+//!
+//! The index is a hint: an entry whose key was deleted, renamed or changed type is dropped when
+//! it comes due; a renamed key is indexed again under its new name by the keyspace event hook.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::raw::c_int;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis_module::{raw, Context, ContextFlags, NotifyEvent, RedisString};
+
+use crate::core::ledger::{Budget, Effect};
+use crate::shell::budget_cmds::apply_all;
+use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::{clock, config, events, replicate, stats};
+
+/// How often the sweeper runs (ms): an expired reservation is released within about this long
+/// after its deadline while each tick keeps up.
+pub const SWEEP_INTERVAL_MS: u64 = 50;
+
+/// Keys by next due time.
+struct Index {
+    by_due: BTreeSet<(i64, i32, Vec<u8>)>,
+    by_key: BTreeMap<(i32, Vec<u8>), i64>,
+}
+
+static INDEX: Mutex<Index> = Mutex::new(Index {
+    by_due: BTreeSet::new(),
+    by_key: BTreeMap::new(),
+});
+
+fn index() -> MutexGuard<'static, Index> {
+    // Only the main thread uses the index; a poisoned lock still holds consistent data.
+    INDEX.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records that `key` in `db` next has cleanup due at `due` (`None`: nothing to do).
+pub fn track(db: i32, key: &[u8], due: Option<i64>) {
+    let mut ix = index();
+    let k = (db, key.to_vec());
+    if let Some(old) = ix.by_key.remove(&k) {
+        ix.by_due.remove(&(old, db, key.to_vec()));
+    }
+    if let Some(due) = due {
+        ix.by_due.insert((due, db, key.to_vec()));
+        ix.by_key.insert(k, due);
+    }
+    stats::set(
+        &stats::SWEEP_INDEXED_KEYS,
+        i64::try_from(ix.by_key.len()).unwrap_or(i64::MAX),
+    );
+}
+
+/// Indexes a budget after a change.
+pub fn track_budget(db: i32, key: &[u8], budget: &Budget) {
+    track(db, key, budget.next_due(config::policy().keep_ms));
+}
+
+/// Forgets every entry (FLUSHALL, module unload of data).
+pub fn clear() {
+    let mut ix = index();
+    ix.by_due.clear();
+    ix.by_key.clear();
+}
+
+fn pop_due(now: i64) -> Option<(i64, i32, Vec<u8>)> {
+    let mut ix = index();
+    let first = ix.by_due.first()?.clone();
+    if first.0 > now {
+        return None;
+    }
+    ix.by_due.remove(&first);
+    ix.by_key.remove(&(first.1, first.2.clone()));
+    Some(first)
+}
+
+/// The database a command runs in.
+pub fn selected_db(ctx: &Context) -> i32 {
+    // SAFETY: plain API call on a live context.
+    unsafe {
+        raw::RedisModule_GetSelectedDb
+            .map(|f| f(ctx.ctx))
+            .unwrap_or(0)
+    }
+}
+
+fn select_db(ctx: &Context, db: i32) -> bool {
+    // SAFETY: plain API call on a live context.
+    unsafe {
+        raw::RedisModule_SelectDb
+            .map(|f| f(ctx.ctx, db) == raw::REDISMODULE_OK as c_int)
+            .unwrap_or(false)
+    }
+}
+
+/// Key name and db of a value being loaded from RDB (RESTORE and DEBUG RELOAD included).
+///
+/// # Safety
+/// `io` must be the live load context Redis passed to `rdb_load`.
+pub unsafe fn key_of_io(io: *mut raw::RedisModuleIO) -> Option<(i32, Vec<u8>)> {
+    unsafe {
+        let name = raw::RedisModule_GetKeyNameFromIO?(io);
+        if name.is_null() {
+            return None;
+        }
+        let db = raw::RedisModule_GetDbIdFromIO.map(|f| f(io)).unwrap_or(0);
+        Some((db, RedisString::string_as_slice(name).to_vec()))
+    }
+}
+
+fn avoid_replica_traffic() -> bool {
+    // SAFETY: plain API call, no arguments.
+    unsafe {
+        raw::RedisModule_AvoidReplicaTraffic
+            .map(|f| f() != 0)
+            .unwrap_or(false)
+    }
+}
+
+/// Arms the first tick (called at module load).
+pub fn start(ctx: &Context) {
+    ctx.create_timer(Duration::from_millis(SWEEP_INTERVAL_MS), tick, ());
+}
+
+fn tick(ctx: &Context, _: ()) {
+    ctx.create_timer(Duration::from_millis(SWEEP_INTERVAL_MS), tick, ());
+    let flags = ctx.get_flags();
+    if !flags.contains(ContextFlags::MASTER)
+        || flags.contains(ContextFlags::LOADING)
+        || avoid_replica_traffic()
+    {
+        return;
+    }
+    let effort = usize::try_from(config::SWEEP_EFFORT.load(std::sync::atomic::Ordering::Relaxed))
+        .unwrap_or(0);
+    if effort == 0 {
+        return;
+    }
+    let now = clock::wall_ms();
+    let keep = config::policy().keep_ms;
+    let mut left = effort;
+    let mut lag = 0i64;
+    let mut current_db = 0;
+    while left > 0 {
+        let Some((_, db, name)) = pop_due(now) else {
+            break;
+        };
+        if db != current_db {
+            if !select_db(ctx, db) {
+                continue;
+            }
+            current_db = db;
+        }
+        let (released, key_lag) = sweep_key(ctx, db, &name, now, keep, left);
+        left = left.saturating_sub(released.max(1));
+        lag = lag.max(key_lag);
+    }
+    if current_db != 0 {
+        select_db(ctx, 0);
+    }
+    stats::bump(&stats::SWEEP_RUNS);
+    stats::set(&stats::SWEEP_LAST_RUN_MS, now);
+    stats::set(&stats::SWEEP_LAG_MS, lag);
+    stats::raise(&stats::SWEEP_MAX_LAG_MS, lag);
+}
+
+/// Sweeps one key; returns (reservations released, largest lag in ms).
+fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usize) -> (usize, i64) {
+    let key_name = ctx.create_string(name);
+    let key = ctx.open_key_writable(&key_name);
+    let Ok(Some(budget)) = key.get_value::<Budget>(&BUDGET_TYPE) else {
+        // Deleted, renamed or another type now: the entry was stale.
+        return (0, 0);
+    };
+    let at = budget.now(now);
+    let effects = budget.plan_sweep(at, keep, max);
+    let mut lag = 0i64;
+    let mut released = 0usize;
+    for e in &effects {
+        if let Effect::Release { id } = e {
+            released = released.saturating_add(1);
+            if let Some(r) = budget.pending_reservation(id) {
+                lag = lag.max(at.saturating_sub(r.deadline_ms));
+            }
+        }
+    }
+    let before = crate::shell::budget_cmds::Counts::of(budget);
+    let result = apply_all(budget, at, &effects);
+    let applied = effects.get(..result.applied).unwrap_or(&[]);
+    crate::shell::budget_cmds::Counts::of(budget).record_since(&before);
+    replicate::replicate_effects(ctx, &key_name, at, applied);
+    events::notify(ctx, &key_name, applied, i64::MAX);
+    let n = i64::try_from(released).unwrap_or(i64::MAX);
+    stats::add(&stats::SWEEP_RELEASED, n);
+    stats::add(&stats::EXPIRED, n);
+    track_budget(db, name, budget);
+    (released, lag)
+}
+
+/// Keyspace hook: a budget that arrives under a new name (RENAME, MOVE, COPY, RESTORE) is
+/// indexed under it.
+pub fn on_keyspace_event(ctx: &Context, _event_type: NotifyEvent, event: &str, key: &[u8]) {
+    if !matches!(event, "rename_to" | "move_to" | "copy_to" | "restore") {
+        return;
+    }
+    let key_name = ctx.create_string(key);
+    let k = ctx.open_key(&key_name);
+    if let Ok(Some(budget)) = k.get_value::<Budget>(&BUDGET_TYPE) {
+        track_budget(selected_db(ctx), key, budget);
+    }
+}

@@ -1,0 +1,158 @@
+//! `QUOTA.WINDOW key limit window_ms [COST n] [PRECISION ms] [PEEK] [AT ms]`: a sliding-window
+//! rate limit on an `rq-window` key → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
+//! Semantics are the core's ([`crate::core::window`]); docs/window.md is the user reference.
+//!
+//! A counting call decides on a read-only open ([`Window::check`]); only an admitted call
+//! reopens the key writable, applies [`Window::record`], moves the key's absolute expiry to
+//! [`Window::empty_at_ms`] and replicates the effect as
+//! `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` (see
+//! [`crate::shell::window_apply`]). PEEK and denied calls write nothing and replicate nothing.
+
+use redis_module::{Context, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::core::window::{Window, WindowDecision, WindowError, WindowParams};
+use crate::shell::args::{syntax_error, Args};
+use crate::shell::window_key::WindowKey;
+use crate::shell::window_type::WINDOW_TYPE;
+use crate::shell::{clock, replicate};
+
+/// Name of the internal command carrying a recorded call to replicas and the AOF.
+pub const WAPPLY: &str = "QUOTA.WAPPLY";
+
+/// `expire_at_ms` of a `QUOTA.WAPPLY` whose key holds nothing afterwards (deleted).
+pub const NO_EXPIRY: i64 = -1;
+
+/// Keyspace event (class `d`) of every recorded call, on the master and on replicas alike.
+pub const EVENT: &str = "quota.window";
+
+/// The core's error as a Redis error reply (its text starts with `ERR`).
+pub fn window_err(e: WindowError) -> RedisError {
+    RedisError::String(e.to_string())
+}
+
+/// A parsed `QUOTA.WINDOW` call.
+struct Request<'a> {
+    key: &'a RedisString,
+    params: WindowParams,
+    peek: bool,
+    at: Option<i64>,
+}
+
+fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
+    let mut a = Args::new(args, 3)?;
+    let key = a.next_string()?;
+    let limit = a.next_i64()?;
+    let window_ms = a.next_i64()?;
+    let (mut cost, mut precision, mut peek, mut at) = (None, None, false, None);
+    while !a.is_empty() {
+        let t = a.next_bytes()?;
+        if t.eq_ignore_ascii_case(b"COST") {
+            cost = Some(a.next_i64()?);
+        } else if t.eq_ignore_ascii_case(b"PRECISION") {
+            precision = Some(a.next_i64()?);
+        } else if t.eq_ignore_ascii_case(b"PEEK") {
+            peek = true;
+        } else if t.eq_ignore_ascii_case(b"AT") {
+            at = Some(a.next_i64()?);
+        } else {
+            return Err(syntax_error(t));
+        }
+    }
+    let params = WindowParams::parse(limit, window_ms, cost, precision).map_err(window_err)?;
+    Ok(Request {
+        key,
+        params,
+        peek,
+        at,
+    })
+}
+
+fn reply(d: &WindowDecision) -> RedisValue {
+    RedisValue::Array(vec![
+        RedisValue::Integer(i64::from(d.allowed)),
+        RedisValue::Integer(d.remaining),
+        RedisValue::Integer(d.retry_after_ms),
+        RedisValue::Integer(d.reset_after_ms),
+    ])
+}
+
+/// `QUOTA.WINDOW key limit window_ms [COST n] [PRECISION ms] [PEEK] [AT ms]`
+/// → `[allowed (1|0), remaining, retry_after_ms, reset_after_ms]`.
+pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let req = parse(&args)?;
+    let now = clock::command_ms(req.at)?;
+    let (checked, exists) = {
+        let key = ctx.open_key(req.key);
+        match crate::shell::wrongtype(key.get_value::<Window>(&WINDOW_TYPE))? {
+            Some(w) => (w.check(&req.params, now), true),
+            None => (Window::new(&req.params, now).check(&req.params, now), false),
+        }
+    };
+    let checked = checked.map_err(window_err)?;
+    // Nothing to write: a PEEK, a denial, or a cost-0 call on a missing key (which would
+    // create an empty window; its decision is the same as the check's).
+    if req.peek || !checked.allowed || (!exists && req.params.cost == 0) {
+        return Ok(reply(&checked));
+    }
+    let mut key = WindowKey::open_writable(ctx, req.key)?;
+    let (decision, expire_at) = record_at_key(&mut key, &req.params, now, None)?;
+    drop(key);
+    ctx.notify_keyspace_event(NotifyEvent::MODULE, EVENT, req.key);
+    let tokens: Vec<Vec<u8>> = vec![
+        req.key.as_slice().to_vec(),
+        now.to_string().into_bytes(),
+        req.params.window_ms.to_string().into_bytes(),
+        req.params.precision_ms.to_string().into_bytes(),
+        req.params.cost.to_string().into_bytes(),
+        expire_at.unwrap_or(NO_EXPIRY).to_string().into_bytes(),
+    ];
+    replicate::replicate_tokens(ctx, WAPPLY, &tokens);
+    Ok(reply(&decision))
+}
+
+/// The effect of a recorded call on a writable key, shared by the master (`QUOTA.WINDOW`) and
+/// replicas / AOF replay (`QUOTA.WAPPLY`): [`Window::record`] unconditionally (creating the
+/// window if the key is empty), then set the key's absolute expiry, or delete the key if it
+/// holds nothing.
+///
+/// `expire_at`: `None` on the master (computed: [`Window::empty_at_ms`]); `Some` on a replica,
+/// the master's resolved value (`Some(None)`: delete), which wins so both end the same.
+/// Returns the decision after recording and the expiry set (`None`: the key was deleted or not
+/// created). On error nothing was changed.
+pub(crate) fn record_at_key(
+    key: &mut WindowKey,
+    params: &WindowParams,
+    at_ms: i64,
+    expire_at: Option<Option<i64>>,
+) -> Result<(WindowDecision, Option<i64>), RedisError> {
+    let (decision, computed, created) = match key.value_mut()? {
+        Some(w) => {
+            let d = w.record(params, at_ms).map_err(window_err)?;
+            (d, w.empty_at_ms(), None)
+        }
+        None => {
+            let mut w = Window::new(params, at_ms);
+            let d = w.record(params, at_ms).map_err(window_err)?;
+            (d, w.empty_at_ms(), Some(w))
+        }
+    };
+    let expire = expire_at.unwrap_or(computed);
+    let done = match (expire, created) {
+        (Some(ms), Some(w)) => {
+            // Refused (nothing stored) → an error, and nothing changed.
+            key.set_value(w)?;
+            key.set_abs_expire(ms)
+        }
+        (Some(ms), None) => key.set_abs_expire(ms),
+        (None, Some(_)) => Ok(()),
+        (None, None) => key.delete(),
+    };
+    // The window has changed: the caller must still reply and replicate. These calls cannot
+    // fail on a key open for writing that holds a value; log if Redis ever disagrees.
+    if let Err(e) = done {
+        redis_module::logging::log_warning(crate::shell::log_safe(&format!(
+            "quota: window key expiry not updated: {e}"
+        )));
+    }
+    Ok((decision, expire))
+}

@@ -1,0 +1,121 @@
+//! The `rq-window` module data type (QUOTA.WINDOW keys): RDB save/load, AOF rewrite, digest,
+//! MEMORY USAGE, COPY, free.
+//!
+//! All callbacks are `extern "C"` and must never unwind into Redis: they only call code that
+//! returns errors (no panics on loaded data), and `free` touches no Redis API (it may run on the
+//! lazy-free thread). The key's expiry is Redis's own (saved with the key in the RDB, emitted as
+//! `PEXPIREAT` after our `aof_rewrite` output), so it needs nothing here.
+
+use std::os::raw::{c_int, c_void};
+
+use redis_module::{logging, native_types::RedisType, raw};
+
+use crate::core::window::Window;
+use crate::shell::budget_type::{add_digest, emit_load};
+use crate::shell::persist::{decode_window, encode_window, WINDOW_ENCVER};
+
+/// The type's name, also the type token of `QUOTA.LOAD`.
+pub const WINDOW_TYPE_NAME: &str = "rq-window";
+
+/// The window type. The 9-character name and the encver go into every RDB: never rename it.
+pub static WINDOW_TYPE: RedisType = RedisType::new(
+    WINDOW_TYPE_NAME,
+    WINDOW_ENCVER,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        free: Some(free),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    let Some(window) = value.cast::<Window>().as_ref() else {
+        return;
+    };
+    raw::save_slice(rdb, &encode_window(window));
+}
+
+/// Also reached by RESTORE payloads: [`decode_window`] validates everything.
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    let Ok(buffer) = raw::load_string_buffer(rdb) else {
+        return std::ptr::null_mut();
+    };
+    match decode_window(encver, buffer.as_ref()) {
+        Ok(window) => Box::into_raw(Box::new(window)).cast::<c_void>(),
+        Err(e) => {
+            logging::log_io_error(
+                rdb,
+                logging::RedisLogLevel::Warning,
+                &crate::shell::log_safe(&format!("rq-window: refusing value: {e}")),
+            );
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Rewrites the key as one `QUOTA.LOAD key rq-window encver payload`: the exact state.
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    let Some(window) = value.cast::<Window>().as_ref() else {
+        return;
+    };
+    emit_load(
+        aof,
+        key,
+        WINDOW_TYPE_NAME,
+        WINDOW_ENCVER,
+        &encode_window(window),
+    );
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    if !value.is_null() {
+        drop(Box::from_raw(value.cast::<Window>()));
+    }
+}
+
+/// The struct plus its bucket storage: bounded by the bucket budget, whatever the traffic.
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    match value.cast::<Window>().as_ref() {
+        Some(w) => std::mem::size_of::<Window>().saturating_add(w.heap_bytes()),
+        None => 0,
+    }
+}
+
+/// DEBUG DIGEST-VALUE: the encoded state, so any divergence between servers shows.
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    let Some(window) = value.cast::<Window>().as_ref() else {
+        return;
+    };
+    add_digest(md, &encode_window(window));
+}
+
+unsafe extern "C" fn copy(
+    _from: *mut raw::RedisModuleString,
+    _to: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    match value.cast::<Window>().as_ref() {
+        Some(w) => Box::into_raw(Box::new(w.clone())).cast::<c_void>(),
+        None => std::ptr::null_mut(),
+    }
+}
