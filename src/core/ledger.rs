@@ -215,6 +215,11 @@ impl Budget {
         }
     }
 
+    /// The key's clock: the latest time a command was applied at (unix ms).
+    pub fn clock_ms(&self) -> i64 {
+        self.clock_ms
+    }
+
     pub fn period(&self) -> &Period {
         &self.period
     }

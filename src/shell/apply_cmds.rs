@@ -13,11 +13,11 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use crate::core::ledger::{Budget, Effect};
 use crate::shell::args::Args;
-use crate::shell::budget_cmds::apply_all;
+use crate::shell::budget_cmds::{apply_all, apply_tracked, Counts};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
 use crate::shell::window_key::WindowKey;
 use crate::shell::window_type::WINDOW_TYPE_NAME;
-use crate::shell::{effects, persist};
+use crate::shell::{effects, events, persist, sweeper};
 
 /// Is this call replaying the master's stream or the AOF?
 pub(crate) fn from_replication_or_loading(ctx: &Context) -> bool {
@@ -42,7 +42,7 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let list = effects::decode(args.iter().skip(3).map(RedisString::as_slice))?;
     let key = ctx.open_key_writable(key_name);
     let result = match crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))? {
-        Some(budget) => apply_all(budget, at, &list),
+        Some(budget) => apply_tracked(ctx, key_name, budget, at, &list),
         None => {
             // Only a CONFIG effect creates a budget.
             let Some(Effect::Configure { settings, .. }) = list.first() else {
@@ -51,6 +51,9 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let mut budget = Budget::new(*settings, at);
             let result = apply_all(&mut budget, at, &list);
             if result.applied > 0 {
+                Counts::of(&budget).adopt();
+                events::notify(ctx, key_name, list.get(..result.applied).unwrap_or(&[]), 0);
+                sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
                 crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
             }
             result
@@ -91,6 +94,10 @@ pub fn quota_load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if type_name == BUDGET_TYPE_NAME.as_bytes() {
         let budget = persist::decode_budget(encver, payload).map_err(bad)?;
         let key = ctx.open_key_writable(key_name);
+        // Checked before adopting, so the counters only ever see values Redis holds.
+        crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))?;
+        Counts::of(&budget).adopt();
+        sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
         crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
     } else if type_name == WINDOW_TYPE_NAME.as_bytes() {
         let window = persist::decode_window(encver, payload).map_err(bad)?;

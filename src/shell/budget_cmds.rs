@@ -53,10 +53,9 @@ fn run_write<R>(
     Ok((plan.reply, view))
 }
 
-/// Applies effects to a budget in place and does everything that follows a change: replicate
-/// the applied effects, publish their keyspace events, keep the module counters and the
-/// sweeper's index in step. Returns how many effects were applied, or the error that stopped
-/// them (the ones before it are kept and replicated).
+/// Applies effects to a budget in place (master path) and replicates the ones applied.
+/// Returns how many were applied, or the error that stopped them (the ones before it are kept
+/// and replicated).
 pub fn apply_and_propagate(
     ctx: &Context,
     key_name: &RedisString,
@@ -64,11 +63,29 @@ pub fn apply_and_propagate(
     at: i64,
     effects: &[Effect],
 ) -> Result<usize, RedisError> {
+    let result = apply_tracked(ctx, key_name, budget, at, effects);
+    let applied = effects.get(..result.applied).unwrap_or(&[]);
+    replicate::replicate_effects(ctx, key_name, at, applied);
+    match result.error {
+        Some(e) => Err(e),
+        None => Ok(result.applied),
+    }
+}
+
+/// Applies effects in place and does what follows any change, on a master or a replica alike:
+/// publish their keyspace events, keep the module counters and the sweeper's index in step.
+/// Replication is the caller's: effects on a master, verbatim on a replica.
+pub fn apply_tracked(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+) -> Applied {
     let before = Counts::of(budget);
     let result = apply_all(budget, at, effects);
     Counts::of(budget).record_since(&before);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
-    replicate::replicate_effects(ctx, key_name, at, applied);
     let expired = applied
         .iter()
         .filter(|e| matches!(e, Effect::Release { .. }))
@@ -76,10 +93,7 @@ pub fn apply_and_propagate(
     stats::add(&stats::EXPIRED, i64::try_from(expired).unwrap_or(0));
     events::notify(ctx, key_name, applied, budget.view(at).available);
     sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
-    match result.error {
-        Some(e) => Err(e),
-        None => Ok(result.applied),
-    }
+    result
 }
 
 /// Pending and remembered counts of a budget, to keep the module-wide totals in step.

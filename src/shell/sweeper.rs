@@ -196,11 +196,14 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
             }
         }
     }
+    // Applied at the key's own clock: a sweep is not a command and must not move the key's
+    // time, so a swept key and an unswept one answer every later command alike.
+    let key_clock = budget.clock_ms();
     let before = crate::shell::budget_cmds::Counts::of(budget);
-    let result = apply_all(budget, at, &effects);
+    let result = apply_all(budget, key_clock, &effects);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     crate::shell::budget_cmds::Counts::of(budget).record_since(&before);
-    replicate::replicate_effects(ctx, &key_name, at, applied);
+    replicate::replicate_effects(ctx, &key_name, key_clock, applied);
     events::notify(ctx, &key_name, applied, i64::MAX);
     let n = i64::try_from(released).unwrap_or(i64::MAX);
     stats::add(&stats::SWEEP_RELEASED, n);
