@@ -886,3 +886,22 @@ fn debug_reload_dump_restore_copy_rename_are_exact() {
     }
     assert_eq!(ok(&mut c, &["PING"]), Value::SimpleString("PONG".into()));
 }
+
+#[test]
+fn recorded_calls_publish_a_keyspace_event() {
+    let s = clock_server();
+    let mut c = s.conn();
+    ok(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Ed"]);
+    let mut sub = s.conn();
+    sub.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.subscribe("__keyevent@0__:quota.window").unwrap();
+    assert_eq!(win_at(&mut c, "k", 1, 1000, &[], T0)[0], 1);
+    assert_eq!(win_at(&mut c, "k", 1, 1000, &[], T0)[0], 0);
+    assert_eq!(win_at(&mut c, "k", 1, 1000, &["PEEK"], T0)[0], 0);
+    let msg = ps.get_message().unwrap();
+    assert_eq!(msg.get_payload::<String>().unwrap(), "k");
+    // Only the admitted call published.
+    assert!(ps.get_message().is_err());
+}
