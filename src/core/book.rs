@@ -92,9 +92,12 @@ impl Book {
 
     /// Pending reservations with `deadline > after_ms`, soonest first.
     pub fn live_after(&self, after_ms: i64) -> impl Iterator<Item = (&Id, &Reservation)> {
+        // Nothing can be live after the end of time (avoids a saturating off-by-one).
         let start = after_ms.saturating_add(1);
+        let end_of_time = after_ms == i64::MAX;
         self.by_deadline
             .range((start, Id::default())..)
+            .filter(move |_| !end_of_time)
             .filter_map(|(_, id)| match self.entries.get(id) {
                 Some(Entry::Pending(r)) => Some((id, r)),
                 _ => None,

@@ -426,12 +426,34 @@ impl Budget {
         effects
     }
 
-    /// Command effects preceded by the preparation of `id` and the bounded maintenance.
+    /// Checks that the logical `used + reserved - minus + plus` stays within i64 (else
+    /// `Overflow`), and says whether the physical state, which may still hold expired
+    /// reservations beyond one write's maintenance batch, needs all of them released first
+    /// (`physical_minus`: what the command itself takes out of the physical `reserved`).
+    /// Decisions must never depend on whether cleanup was written.
+    fn check_range(
+        &self,
+        now: i64,
+        view: &View,
+        minus: i64,
+        physical_minus: i64,
+        plus: i64,
+    ) -> Result<bool, LedgerError> {
+        add(sub(add(view.used, view.reserved)?, minus)?, plus)?;
+        let physical = add(self.used_at(now), self.reserved)
+            .and_then(|t| sub(t, physical_minus))
+            .and_then(|t| add(t, plus));
+        Ok(physical.is_err())
+    }
+
+    /// Command effects preceded by the preparation of `id` and the maintenance: bounded, or
+    /// every expired reservation when `full` (see [`Budget::check_range`]).
     fn with_upkeep(
         &self,
         now: i64,
         keep_ms: i64,
         id: Option<&[u8]>,
+        full: bool,
         command: Vec<Effect>,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
@@ -443,7 +465,8 @@ impl Budget {
         if let Some(id) = id {
             self.prepare_id(id, now, keep_ms, &mut effects);
         }
-        effects.extend(self.maintenance(now, keep_ms, id));
+        let batch = if full { usize::MAX } else { MAINTENANCE_BATCH };
+        effects.extend(self.cleanup(now, keep_ms, id, batch));
         effects.extend(command);
         effects
     }
@@ -452,8 +475,8 @@ impl Budget {
     /// stream-style id this key has seen, so ids stay unique across restarts and failovers.
     fn next_id(&self, now: i64) -> Result<Id, LedgerError> {
         let mut candidate = self.last_id.next(now).ok_or(LedgerError::Overflow)?;
-        // Unreachable in practice (apply raises last_id past every stream-style id), bounded anyway.
-        for _ in 0..16 {
+        // Only client ids planted ahead of the clock can collide: skip them, bounded.
+        for _ in 0..1024 {
             let id = candidate.to_bytes();
             if self.book.get(&id).is_none() {
                 return Ok(id);
@@ -511,9 +534,12 @@ impl Budget {
         period: Option<Period>,
     ) -> Result<Plan<()>, LedgerError> {
         validate_settings(&settings)?;
-        let used = used.unwrap_or_else(|| self.used_at(now));
-        // Stays within used + reserved <= i64::MAX whatever is released later.
-        add(used, self.reserved)?;
+        if used.is_some_and(|u| u < 0) {
+            return Err(LedgerError::Invalid("USED must not be negative"));
+        }
+        let view = self.view(now);
+        let used = used.unwrap_or(view.used);
+        let full = self.check_range(now, &view, view.used, 0, used)?;
         let period = period.unwrap_or_else(|| self.period.clone());
         let bounds = if period == self.period {
             self.current_bounds(now)?
@@ -530,7 +556,7 @@ impl Budget {
         };
         // The configure effect sets used and bounds itself: no separate reset.
         let mut effects: Vec<Effect> = self
-            .with_upkeep(now, policy.keep_ms, None, Vec::new())
+            .with_upkeep(now, policy.keep_ms, None, full, Vec::new())
             .into_iter()
             .filter(|e| !matches!(e, Effect::Reset { .. }))
             .collect();
@@ -550,7 +576,6 @@ impl Budget {
         if amount < 0 {
             return Err(LedgerError::Invalid("amount must not be negative"));
         }
-        self.check_max(amount)?;
         if let Some(id) = id {
             match self.id_state(id, now, policy.keep_ms) {
                 IdState::Unknown => {}
@@ -579,6 +604,7 @@ impl Budget {
                 }
             }
         }
+        self.check_max(amount)?;
         let view = self.view(now);
         if !Self::fits(&view, amount) {
             return Ok(Plan {
@@ -596,8 +622,7 @@ impl Budget {
             return Err(LedgerError::Invalid("TTL must be positive"));
         }
         let deadline_ms = add(now, ttl)?;
-        // used + reserved must stay in range, counting still-unreleased expired amounts.
-        add(add(self.used_at(now), self.reserved)?, amount)?;
+        let full = self.check_range(now, &view, 0, 0, amount)?;
         let id: Id = match id {
             Some(id) => id.into(),
             None => self.next_id(now)?,
@@ -607,7 +632,7 @@ impl Budget {
             amount,
             deadline_ms,
         };
-        let effects = self.with_upkeep(now, policy.keep_ms, Some(&id), vec![grant]);
+        let effects = self.with_upkeep(now, policy.keep_ms, Some(&id), full, vec![grant]);
         Ok(Plan {
             effects,
             reply: ReserveReply::Granted { id },
@@ -625,34 +650,30 @@ impl Budget {
         if actual < 0 {
             return Err(LedgerError::Invalid("actual must not be negative"));
         }
-        let (status, effect) = match self.id_state(id, now, policy.keep_ms) {
+        let view = self.view(now);
+        let (status, effect, full) = match self.id_state(id, now, policy.keep_ms) {
             IdState::Unknown => return Err(LedgerError::NoReservation { id: id.to_vec() }),
             IdState::Pending(r) => {
-                add(
-                    sub(add(self.used_at(now), self.reserved)?, r.amount)?,
-                    actual,
-                )?;
+                let full = self.check_range(now, &view, r.amount, r.amount, actual)?;
                 (
                     SettleStatus::Settled,
                     Effect::Settle {
                         id: id.into(),
                         actual,
                     },
+                    full,
                 )
             }
             IdState::Expired { amount, unreleased } => {
-                let reserved = if unreleased {
-                    sub(self.reserved, amount)?
-                } else {
-                    self.reserved
-                };
-                add(add(self.used_at(now), reserved)?, actual)?;
+                let physical_minus = if unreleased { amount } else { 0 };
+                let full = self.check_range(now, &view, 0, physical_minus, actual)?;
                 (
                     SettleStatus::Late,
                     Effect::SettleLate {
                         id: id.into(),
                         actual,
                     },
+                    full,
                 )
             }
             IdState::Done(Outcome::Settled { actual: a, .. }) if a == actual => {
@@ -670,7 +691,7 @@ impl Budget {
             }
             IdState::Done(o) => return Err(conflict(id, o.state_name(), "it cannot be settled")),
         };
-        let effects = self.with_upkeep(now, policy.keep_ms, Some(id), vec![effect]);
+        let effects = self.with_upkeep(now, policy.keep_ms, Some(id), full, vec![effect]);
         Ok(Plan {
             effects,
             reply: (status, actual),
@@ -703,7 +724,7 @@ impl Budget {
             self.prepare_id(id, now, policy.keep_ms, &mut e);
             e
         } else {
-            self.with_upkeep(now, policy.keep_ms, Some(id), command)
+            self.with_upkeep(now, policy.keep_ms, Some(id), false, command)
         };
         Ok(Plan {
             effects,
@@ -730,6 +751,7 @@ impl Budget {
                     now,
                     policy.keep_ms,
                     Some(id),
+                    false,
                     vec![Effect::Extend {
                         id: id.into(),
                         deadline_ms,
@@ -794,7 +816,7 @@ impl Budget {
                 reply: false,
             });
         }
-        add(add(self.used_at(now), self.reserved)?, amount)?;
+        let full = self.check_range(now, &view, 0, 0, amount)?;
         // What goes beyond a non-negative available is overrun.
         let overrun = amount.saturating_sub(view.available.max(0)).max(0);
         let charge = Effect::Charge {
@@ -802,7 +824,7 @@ impl Budget {
             overrun,
             id: id.map(Id::from),
         };
-        let effects = self.with_upkeep(now, policy.keep_ms, id, vec![charge]);
+        let effects = self.with_upkeep(now, policy.keep_ms, id, full, vec![charge]);
         Ok(Plan {
             effects,
             reply: true,
@@ -877,9 +899,7 @@ impl Budget {
                 let reserved = add(self.reserved, *amount)?;
                 add(self.used, reserved)?;
                 self.reserved = reserved;
-                if let Some(sid) = StreamId::parse(id) {
-                    self.last_id = self.last_id.max(sid);
-                }
+                self.see_id(id, at);
                 self.book.put(
                     id.clone(),
                     Entry::Pending(Reservation {
@@ -971,6 +991,7 @@ impl Budget {
                 self.used = used;
                 self.overrun = self.overrun.saturating_add(*overrun);
                 if let Some(id) = id {
+                    self.see_id(id, at);
                     self.finish(id, Outcome::Charged { amount: *amount }, at);
                 }
             }
@@ -987,6 +1008,19 @@ impl Budget {
         }
         self.clock_ms = at;
         Ok(())
+    }
+
+    /// Raises the id generator past a stream-style id used at `at`, unless the id lies in the
+    /// key's future: generated ids are never ahead of `max(at, last id)`, and a client id far
+    /// ahead (`18446744073709551615-18446744073709551615`) must not exhaust the generator.
+    /// A future client id that the clock later reaches is skipped by `next_id`.
+    fn see_id(&mut self, id: &[u8], at: i64) {
+        if let Some(sid) = StreamId::parse(id) {
+            let horizon = u64::try_from(at).unwrap_or(0).max(self.last_id.ms);
+            if sid.ms <= horizon {
+                self.last_id = self.last_id.max(sid);
+            }
+        }
     }
 
     /// The physical pending reservation `id`, expired or not.
