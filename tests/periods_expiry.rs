@@ -1,6 +1,13 @@
 //! Calendar periods with time zones, active expiry by the sweeper, keyspace events, INFO quota
 //! and configs. Time is driven with `AT` (quota.test-clock yes); the sweeper runs on wall time.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+// Tests may panic: the no-panic lints guard the module code only.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
 
 mod common;
 use common::*;
@@ -605,4 +612,24 @@ fn configs_are_validated_and_applied() {
         .query(&mut c)
         .unwrap();
     assert_eq!(v, ["quota.max-pending", "3"]);
+}
+
+#[test]
+fn info_quota_counts_window_keys_and_decisions() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.WINDOW", "w1", "2", "60000"]);
+    ok(&mut c, &["QUOTA.WINDOW", "w1", "2", "60000"]);
+    ok(&mut c, &["QUOTA.WINDOW", "w1", "2", "60000"]);
+    ok(&mut c, &["QUOTA.WINDOW", "w1", "2", "60000", "PEEK"]);
+    ok(&mut c, &["QUOTA.WINDOW", "w2", "2", "60000"]);
+    ok(&mut c, &["COPY", "w1", "w3"]);
+    let i = quota_info_section(&mut c);
+    assert_eq!(
+        (i["quota_window_allowed"], i["quota_window_denied"]),
+        (3, 1)
+    );
+    assert_eq!(i["quota_window_keys"], 3);
+    ok(&mut c, &["DEL", "w1", "w2"]);
+    assert_eq!(quota_info_section(&mut c)["quota_window_keys"], 1);
 }

@@ -14,7 +14,7 @@ use crate::core::window::{Window, WindowDecision, WindowError, WindowParams};
 use crate::shell::args::{syntax_error, Args};
 use crate::shell::window_key::WindowKey;
 use crate::shell::window_type::WINDOW_TYPE;
-use crate::shell::{clock, replicate};
+use crate::shell::{clock, replicate, stats};
 
 /// Name of the internal command carrying a recorded call to replicas and the AOF.
 pub const WAPPLY: &str = "QUOTA.WAPPLY";
@@ -89,6 +89,13 @@ pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     };
     let checked = checked.map_err(window_err)?;
+    if !req.peek {
+        stats::bump(if checked.allowed {
+            &stats::WINDOW_ALLOWED
+        } else {
+            &stats::WINDOW_DENIED
+        });
+    }
     // Nothing to write: a PEEK, a denial, or a cost-0 call on a missing key (which would
     // create an empty window; its decision is the same as the check's).
     if req.peek || !checked.allowed || (!exists && req.params.cost == 0) {

@@ -69,6 +69,7 @@ impl WindowKey {
         // through the type's `free` callback.
         let status = unsafe { set(self.inner, *WINDOW_TYPE.raw_type.borrow(), value) };
         if status == OK {
+            crate::shell::stats::bump(&crate::shell::stats::WINDOW_KEYS);
             Ok(())
         } else {
             // SAFETY: Redis refused the value, so it is still ours.

@@ -13,6 +13,7 @@ use redis_module::{logging, native_types::RedisType, raw};
 use crate::core::window::Window;
 use crate::shell::budget_type::{add_digest, emit_load};
 use crate::shell::persist::{decode_window, encode_window, WINDOW_ENCVER};
+use crate::shell::stats;
 
 /// The type's name, also the type token of `QUOTA.LOAD`.
 pub const WINDOW_TYPE_NAME: &str = "rq-window";
@@ -57,7 +58,10 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         return std::ptr::null_mut();
     };
     match decode_window(encver, buffer.as_ref()) {
-        Ok(window) => Box::into_raw(Box::new(window)).cast::<c_void>(),
+        Ok(window) => {
+            stats::bump(&stats::WINDOW_KEYS);
+            Box::into_raw(Box::new(window)).cast::<c_void>()
+        }
         Err(e) => {
             logging::log_io_error(
                 rdb,
@@ -90,6 +94,8 @@ unsafe extern "C" fn aof_rewrite(
 unsafe extern "C" fn free(value: *mut c_void) {
     if !value.is_null() {
         drop(Box::from_raw(value.cast::<Window>()));
+        // An atomic only: this may run on the lazy-free thread.
+        stats::add(&stats::WINDOW_KEYS, -1);
     }
 }
 
@@ -115,7 +121,10 @@ unsafe extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     match value.cast::<Window>().as_ref() {
-        Some(w) => Box::into_raw(Box::new(w.clone())).cast::<c_void>(),
+        Some(w) => {
+            stats::bump(&stats::WINDOW_KEYS);
+            Box::into_raw(Box::new(w.clone())).cast::<c_void>()
+        }
         None => std::ptr::null_mut(),
     }
 }
