@@ -14,7 +14,7 @@
 //! The index is a hint: an entry whose key was deleted, renamed or changed type is dropped when
 //! it comes due; a renamed key is indexed again under its new name by the keyspace event hook.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::raw::c_int;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -30,15 +30,17 @@ use crate::shell::{clock, config, events, replicate, stats};
 /// after its deadline while each tick keeps up.
 pub const SWEEP_INTERVAL_MS: u64 = 50;
 
-/// Keys by next due time.
+/// Keys by next due time, and each key's entry (per db, looked up without allocating).
 struct Index {
     by_due: BTreeSet<(i64, i32, Vec<u8>)>,
-    by_key: BTreeMap<(i32, Vec<u8>), i64>,
+    by_key: BTreeMap<i32, HashMap<Vec<u8>, i64>>,
+    keys: usize,
 }
 
 static INDEX: Mutex<Index> = Mutex::new(Index {
     by_due: BTreeSet::new(),
     by_key: BTreeMap::new(),
+    keys: 0,
 });
 
 fn index() -> MutexGuard<'static, Index> {
@@ -49,30 +51,32 @@ fn index() -> MutexGuard<'static, Index> {
 /// Records that `key` in `db` next has cleanup due at `due` (`None`: nothing to do).
 pub fn track(db: i32, key: &[u8], due: Option<i64>) {
     let mut ix = index();
-    let k = (db, key.to_vec());
-    if let Some(old) = ix.by_key.remove(&k) {
+    let current = ix.by_key.get(&db).and_then(|m| m.get(key)).copied();
+    // Most writes leave the soonest deadline where it was: nothing to do, nothing allocated.
+    if current == due {
+        return;
+    }
+    let ix = &mut *ix;
+    let keys = ix.by_key.entry(db).or_default();
+    if let Some(old) = current {
+        keys.remove(key);
         ix.by_due.remove(&(old, db, key.to_vec()));
+        ix.keys = ix.keys.saturating_sub(1);
     }
     if let Some(due) = due {
+        keys.insert(key.to_vec(), due);
         ix.by_due.insert((due, db, key.to_vec()));
-        ix.by_key.insert(k, due);
+        ix.keys = ix.keys.saturating_add(1);
     }
     stats::set(
         &stats::SWEEP_INDEXED_KEYS,
-        i64::try_from(ix.by_key.len()).unwrap_or(i64::MAX),
+        i64::try_from(ix.keys).unwrap_or(i64::MAX),
     );
 }
 
 /// Indexes a budget after a change.
 pub fn track_budget(db: i32, key: &[u8], budget: &Budget) {
     track(db, key, budget.next_due(config::policy().keep_ms));
-}
-
-/// Forgets every entry (FLUSHALL, module unload of data).
-pub fn clear() {
-    let mut ix = index();
-    ix.by_due.clear();
-    ix.by_key.clear();
 }
 
 fn pop_due(now: i64) -> Option<(i64, i32, Vec<u8>)> {
@@ -82,7 +86,11 @@ fn pop_due(now: i64) -> Option<(i64, i32, Vec<u8>)> {
         return None;
     }
     ix.by_due.remove(&first);
-    ix.by_key.remove(&(first.1, first.2.clone()));
+    if let Some(m) = ix.by_key.get_mut(&first.1) {
+        if m.remove(&first.2).is_some() {
+            ix.keys = ix.keys.saturating_sub(1);
+        }
+    }
     Some(first)
 }
 
