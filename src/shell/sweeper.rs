@@ -187,13 +187,25 @@ fn tick(ctx: &Context, _: ()) {
 /// Sweeps one key; returns (reservations released, largest lag in ms).
 fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usize) -> (usize, i64) {
     let key_name = ctx.create_string(name);
+    // Planned on a read-only open: a stale entry (key deleted, renamed, retyped) or a key with
+    // nothing due writes nothing, so WATCH and client tracking see no change.
+    let effects = {
+        let key = ctx.open_key(&key_name);
+        let Ok(Some(budget)) = key.get_value::<Budget>(&BUDGET_TYPE) else {
+            return (0, 0);
+        };
+        let effects = budget.plan_sweep(budget.now(now), keep, max);
+        if effects.is_empty() {
+            track_budget(db, name, budget);
+            return (0, 0);
+        }
+        effects
+    };
     let key = ctx.open_key_writable(&key_name);
     let Ok(Some(budget)) = key.get_value::<Budget>(&BUDGET_TYPE) else {
-        // Deleted, renamed or another type now: the entry was stale.
         return (0, 0);
     };
     let at = budget.now(now);
-    let effects = budget.plan_sweep(at, keep, max);
     let mut lag = 0i64;
     let mut released = 0usize;
     for e in &effects {
