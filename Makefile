@@ -13,7 +13,7 @@ APT_PACKAGES   := redis-server libclang-dev
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
-	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	{ dpkg -s libclang-dev >/dev/null 2>&1 || ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1; } || missing="$$missing libclang-dev"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "deps: installing$$missing"; \
@@ -42,6 +42,11 @@ test: build
 ## demo: replay the Azure LLM inference trace through the module (see README).
 demo: release
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) $(CARGO) run --release --example replay
+
+## bench: the module against the Lua scripts it replaces (speed, memory, sweeper); writes
+## docs/benchmarks.md. QUICK=1 for a short run (under a minute).
+bench: release
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) BENCH_QUICK=$(QUICK) $(CARGO) run --release --example bench
 
 ## lint: formatting and clippy, warnings are errors.
 lint: deps
