@@ -48,6 +48,15 @@
 //! `redis-server --port <free port> --loadmodule $QUOTA_MODULE --save '' --dir <temp dir>`
 //! (`QUOTA_MODULE` defaults to `target/release/libredis_quota.so`) and stops it at the end.
 
+// A demo client, not module code: the no-panic lints guard the module only.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
+
 use std::collections::HashMap;
 use std::error::Error;
 use std::net::TcpListener;

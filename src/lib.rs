@@ -4,6 +4,18 @@
 //! Layout: [`core`] is the pure ledger (no Redis types); [`shell`] is the thin Redis layer
 //! (arguments, replies, data type callbacks, replication, configs). This file only registers.
 
+// Unit tests may panic: the deny lints in Cargo.toml guard the module code only.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        clippy::panic
+    )
+)]
+
 pub mod core;
 pub mod shell;
 
@@ -20,13 +32,47 @@ use shell::window_apply::quota_wapply;
 use shell::window_cmds::quota_window;
 use shell::window_type::WINDOW_TYPE;
 
-/// Logs any panic with its location to the Redis log before Redis aborts, so the cause is never
-/// lost. Panics must be unreachable from input and loaded data; this is the last line.
+std::thread_local! {
+    /// Set while [`self_test_panic_hook`] runs its deliberate, caught panic.
+    static PANIC_SELF_TEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Logs any panic with its message and location to the Redis log before Redis aborts, so the
+/// cause is never lost. Panics must be unreachable from input and loaded data; this is the last
+/// line. Then proves at load that the hook is in place (see [`self_test_panic_hook`]).
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        let msg = format!("quota: PANIC (Redis will abort): {info}");
-        redis_module::logging::log_warning(shell::log_safe(&msg));
+        use redis_module::logging::{log, RedisLogLevel};
+        // One log line: "panicked at file:line:col:" and the message are joined by a space.
+        let info = info.to_string().replace('\n', " ");
+        if PANIC_SELF_TEST.with(std::cell::Cell::get) {
+            let msg = format!("quota: panic hook installed (self-test, caught: {info})");
+            log(RedisLogLevel::Notice, shell::log_safe(&msg));
+        } else {
+            let msg = format!("quota: PANIC (Redis will abort): {info}");
+            log(RedisLogLevel::Warning, shell::log_safe(&msg));
+        }
     }));
+    self_test_panic_hook();
+}
+
+/// Raises one panic inside `catch_unwind` (it never leaves this function), so the log shows at
+/// every load that a panic's message and location reach the Redis log through the hook.
+#[cfg(panic = "unwind")]
+#[allow(clippy::panic)] // deliberate and caught right here
+fn self_test_panic_hook() {
+    PANIC_SELF_TEST.with(|f| f.set(true));
+    let caught = std::panic::catch_unwind(|| panic!("quota panic hook self-test"));
+    PANIC_SELF_TEST.with(|f| f.set(false));
+    if caught.is_ok() {
+        redis_module::logging::log_warning("quota: panic hook self-test did not panic");
+    }
+}
+
+/// A `panic = "abort"` build cannot catch a panic: it only says the hook is installed.
+#[cfg(not(panic = "unwind"))]
+fn self_test_panic_hook() {
+    redis_module::logging::log_notice("quota: panic hook installed (panic=abort build)");
 }
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {

@@ -256,7 +256,10 @@ impl Budget {
             return -1;
         };
         let view = self.view(now);
-        let fresh = i128::from(view.limit) - i128::from(view.reserved) + i128::from(view.overdraft);
+        // Widened from i64: cannot saturate.
+        let fresh = i128::from(view.limit)
+            .saturating_sub(i128::from(view.reserved))
+            .saturating_add(i128::from(view.overdraft));
         if i128::from(amount) <= fresh {
             end.saturating_sub(now).max(0)
         } else {
@@ -497,7 +500,7 @@ impl Budget {
     /// Does `amount` fit in `available + overdraft` at `view`?
     fn fits(view: &View, amount: i64) -> bool {
         // available >= -i64::MAX and overdraft >= 0: widen to avoid any overflow.
-        i128::from(amount) <= i128::from(view.available) + i128::from(view.overdraft)
+        i128::from(amount) <= i128::from(view.available).saturating_add(i128::from(view.overdraft))
     }
 
     /// QUOTA.SET creating a key at `now`: the effect that configures a fresh budget.

@@ -1,6 +1,13 @@
 //! Test harness: each test starts its own redis-server (free port, the freshly built module, a
 //! temp dir) and stops it on drop. Never depends on a server already running.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
