@@ -55,16 +55,21 @@
 //!
 //! # Memory and determinism
 //!
-//! At most `ceil(horizon / precision) + 1 <= 4097` buckets of 16 bytes,
-//! whatever the traffic. [`Window::check`] is pure (PEEK, and the decision of a
-//! counting call); [`Window::record`] is the deterministic effect of an
-//! admitted call, which a replica applies without deciding again.
+//! At most `ceil(horizon / precision) + 1 <= 4097` buckets of 12 bytes
+//! (a `u32` offset from a base index and an `i64` count), whatever the traffic;
+//! their storage grows to at most that budget and is trimmed after a shrink.
+//! [`Window::check`] is pure (PEEK, and the decision of a counting call);
+//! [`Window::record`] is the deterministic effect of an admitted call, which a
+//! replica applies without deciding again.
 
 use std::collections::VecDeque;
 use std::fmt;
 
 /// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
 pub const MAX_BUCKETS: i64 = 4096;
+
+/// [`MAX_BUCKETS`] as a `usize`.
+const MAX_BUCKETS_USIZE: usize = 4096;
 
 /// Buckets per window when PRECISION is omitted: precision is
 /// `window_ms / 60` (integer division), at least 1 ms.
@@ -198,7 +203,7 @@ pub struct Window {
     /// Latest time recorded, unix ms; earlier calls are moved up to it.
     last_ms: i64,
     /// Non-empty buckets, strictly increasing index.
-    buckets: VecDeque<Bucket>,
+    buckets: Buckets,
 }
 
 /// Summed cost of bucket `index` (ms `[index * precision, (index + 1) * precision - 1]`).
@@ -208,6 +213,229 @@ struct Bucket {
     count: i64,
 }
 
+/// A sequence of [`Bucket`]s, oldest first, stored in 12 bytes each: bucket `i`
+/// is `(base + offsets[i], counts[i])`. Any sequence whose indexes span at most
+/// `u32::MAX` fits (a valid window's span at most 4097); order is not enforced
+/// here (see [`Window::validate`]).
+///
+/// Serialized exactly as the `VecDeque<Bucket>` it replaces: a sequence of
+/// `Bucket { index, count }`. Equality is of the bucket sequences (`base` is a
+/// representation detail).
+#[derive(Clone, Default)]
+struct Buckets {
+    /// Index that offsets are relative to: `<=` every held index. Moved only
+    /// when a pushed index does not fit (or nothing is held).
+    base: i64,
+    /// `index - base` of each bucket. Same length as `counts`.
+    offsets: VecDeque<u32>,
+    counts: VecDeque<i64>,
+}
+
+impl Buckets {
+    /// Holds `buckets` (in their order), in storage of exactly their number.
+    ///
+    /// # Errors
+    ///
+    /// [`WindowError::Corrupt`] if the indexes span more than `u32::MAX`.
+    fn from_buckets<I>(buckets: I) -> Result<Self, WindowError>
+    where
+        I: Iterator<Item = Bucket> + Clone,
+    {
+        let span_err = WindowError::Corrupt("bucket index span");
+        let mut len: usize = 0;
+        let mut lowest: Option<i64> = None;
+        let mut highest: Option<i64> = None;
+        for b in buckets.clone() {
+            len = len.saturating_add(1);
+            lowest = Some(lowest.map_or(b.index, |l| l.min(b.index)));
+            highest = Some(highest.map_or(b.index, |h| h.max(b.index)));
+        }
+        let base = lowest.unwrap_or(0);
+        if let Some(high) = highest {
+            offset(base, high).ok_or(span_err)?;
+        }
+        let mut out = Self {
+            base,
+            offsets: VecDeque::with_capacity(len),
+            counts: VecDeque::with_capacity(len),
+        };
+        for b in buckets {
+            out.offsets
+                .push_back(offset(base, b.index).ok_or(span_err)?);
+            out.counts.push_back(b.count);
+        }
+        Ok(out)
+    }
+
+    fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// The buckets by value, oldest first.
+    fn iter(&self) -> impl ExactSizeIterator<Item = Bucket> + Clone + '_ {
+        let base = self.base;
+        self.offsets
+            .iter()
+            .zip(self.counts.iter())
+            .map(move |(&offset, &count)| Bucket {
+                // Exact: every offset was stored as `index - base` of an i64 index.
+                index: base.saturating_add(i64::from(offset)),
+                count,
+            })
+    }
+
+    /// Drops the `expired` oldest buckets, then applies `add`. All or nothing.
+    /// Storage grows by about 1/8 when full, never past `budget` buckets (the
+    /// most a record can leave) unless more are held.
+    ///
+    /// # Errors
+    ///
+    /// [`WindowError::Corrupt`] if a pushed index and the buckets kept would
+    /// span more than `u32::MAX` (not for a valid window: it spans at most
+    /// 4097).
+    fn advance(
+        &mut self,
+        expired: usize,
+        add: Add,
+        budget: Option<usize>,
+    ) -> Result<(), WindowError> {
+        let kept = self.len().saturating_sub(expired);
+        let pushed = match add {
+            Add::Push(b) if kept == 0 => Some((b.index, 0, b.count)),
+            Add::Push(b) => match offset(self.base, b.index) {
+                Some(off) => Some((self.base, off, b.count)),
+                None => {
+                    // Rare (an offset past u32::MAX, or below the base): rebuild
+                    // around the kept buckets, leaving `self` as is on error.
+                    let kept = self.iter().skip(expired).chain(std::iter::once(b));
+                    *self = Self::from_buckets(kept)?;
+                    return Ok(());
+                }
+            },
+            _ => None,
+        };
+        // Nothing below can fail.
+        for _ in 0..expired {
+            self.offsets.pop_front();
+            self.counts.pop_front();
+        }
+        match add {
+            Add::Nothing => {}
+            Add::ToNewest(count) => {
+                if let Some(newest) = self.counts.back_mut() {
+                    *newest = count;
+                }
+            }
+            Add::Push(_) => {
+                if let Some((base, off, count)) = pushed {
+                    self.base = base;
+                    self.reserve_one(budget);
+                    self.offsets.push_back(off);
+                    self.counts.push_back(count);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Room for one more bucket: when full, grows by `max(len / 8, 1)`, capped
+    /// at `budget` (exact growth up to the budget a window can hold).
+    fn reserve_one(&mut self, budget: Option<usize>) {
+        let len = self.len();
+        if self.offsets.capacity() > len && self.counts.capacity() > len {
+            return;
+        }
+        let mut grow = (len / 8).max(1);
+        if let Some(room) = budget.and_then(|b| b.checked_sub(len)) {
+            grow = grow.min(room.max(1));
+        }
+        self.offsets.reserve_exact(grow);
+        self.counts.reserve_exact(grow);
+    }
+
+    /// Returns spare storage after a shrink or conversion: keeps it when at most
+    /// `len / 2 + CAPACITY_SLACK` buckets (so storage does not thrash).
+    fn trim(&mut self) {
+        let roomy = self
+            .len()
+            .saturating_add(self.len() / 2)
+            .saturating_add(CAPACITY_SLACK);
+        if self.offsets.capacity() > roomy {
+            self.offsets.shrink_to_fit();
+        }
+        if self.counts.capacity() > roomy {
+            self.counts.shrink_to_fit();
+        }
+    }
+
+    /// Heap bytes of the storage (capacity, not length).
+    fn heap_bytes(&self) -> usize {
+        let offsets = self
+            .offsets
+            .capacity()
+            .saturating_mul(std::mem::size_of::<u32>());
+        let counts = self
+            .counts
+            .capacity()
+            .saturating_mul(std::mem::size_of::<i64>());
+        offsets.saturating_add(counts)
+    }
+}
+
+/// `index - base` if it fits a `u32`.
+fn offset(base: i64, index: i64) -> Option<u32> {
+    u32::try_from(i128::from(index).saturating_sub(i128::from(base))).ok()
+}
+
+impl PartialEq for Buckets {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Buckets {}
+
+impl fmt::Debug for Buckets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl serde::Serialize for Buckets {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Buckets {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Buckets;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence of buckets")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Buckets, A::Error> {
+                // A claimed length is untrusted: preallocate at most a valid window's.
+                let hint = seq.size_hint().unwrap_or(0);
+                let mut all: Vec<Bucket> =
+                    Vec::with_capacity(hint.min(MAX_BUCKETS_USIZE.saturating_add(1)));
+                while let Some(b) = seq.next_element::<Bucket>()? {
+                    all.push(b);
+                }
+                Buckets::from_buckets(all.iter().copied())
+                    .map_err(|e| serde::de::Error::custom(e.to_string()))
+            }
+        }
+        deserializer.deserialize_seq(Visitor)
+    }
+}
+
 /// What `record` will change, decided before anything is changed.
 struct Plan {
     /// Oldest buckets to drop.
@@ -215,6 +443,7 @@ struct Plan {
     add: Add,
 }
 
+#[derive(Clone, Copy)]
 enum Add {
     Nothing,
     /// New count of the newest bucket.
@@ -234,7 +463,7 @@ impl Window {
             precision_ms: params.precision_ms,
             horizon_ms: params.window_ms,
             last_ms: now_ms,
-            buckets: VecDeque::new(),
+            buckets: Buckets::default(),
         }
     }
 
@@ -249,9 +478,10 @@ impl Window {
     pub fn check(&self, params: &WindowParams, now_ms: i64) -> Result<WindowDecision, WindowError> {
         params.validate()?;
         let now = self.effective_now(now_ms);
-        let converted = self.rebucketed(params.precision_ms)?;
-        let buckets = converted.as_ref().unwrap_or(&self.buckets);
-        Ok(decide(buckets, params, now, now_ms, false))
+        Ok(match self.rebucketed(params.precision_ms)? {
+            Some(converted) => decide(converted.iter().copied(), params, now, now_ms, false),
+            None => decide(self.buckets.iter(), params, now, now_ms, false),
+        })
     }
 
     /// The effect of an admitted call: converts to `params`' precision and
@@ -273,24 +503,30 @@ impl Window {
         params.validate()?;
         let now = self.effective_now(now_ms);
         let horizon_ms = self.next_horizon(params);
-        let converted = self.rebucketed(params.precision_ms)?;
-        let plan = plan(
-            converted.as_ref().unwrap_or(&self.buckets),
-            params.precision_ms,
-            horizon_ms,
-            now,
-            params.cost,
-        )?;
-        // Nothing below can fail: the value changes all at once or not at all.
-        if let Some(buckets) = converted {
-            self.buckets = buckets;
+        let budget = max_len(horizon_ms, params.precision_ms);
+        let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
+        match self.rebucketed(params.precision_ms)? {
+            Some(converted) => {
+                let plan = plan(converted.iter().copied(), p, h, now, c)?;
+                let kept = converted.iter().copied().skip(plan.expired);
+                let mut buckets = Buckets::from_buckets(kept)?;
+                buckets.advance(0, plan.add, budget)?;
+                // Nothing below can fail.
+                self.buckets = buckets;
+            }
+            None => {
+                let plan = plan(self.buckets.iter(), p, h, now, c)?;
+                // All or nothing; nothing after it can fail.
+                self.buckets.advance(plan.expired, plan.add, budget)?;
+            }
         }
-        apply(&mut self.buckets, plan);
+        // Keep the heap proportional to what is held after a shrink or conversion.
+        self.buckets.trim();
         self.window_ms = params.window_ms;
         self.precision_ms = params.precision_ms;
         self.horizon_ms = horizon_ms;
         self.last_ms = now;
-        Ok(decide(&self.buckets, params, now, now_ms, true))
+        Ok(decide(self.buckets.iter(), params, now, now_ms, true))
     }
 
     /// Unix ms at which the newest bucket leaves the horizon: from then on the
@@ -307,12 +543,11 @@ impl Window {
             .map(clamp_i64)
     }
 
-    /// Heap bytes owned (bucket storage), for MEMORY USAGE. At most about
-    /// `(2 * (ceil(horizon / precision) + 1) + 8) * 16` after a record.
+    /// Heap bytes owned (bucket storage, by capacity), for MEMORY USAGE:
+    /// 12 per bucket slot. At most about `(1.5 * (ceil(horizon / precision) + 1) + 8) * 12`
+    /// after a record; under steady traffic exactly `12 * (ceil(horizon / precision) + 1)`.
     pub fn heap_bytes(&self) -> usize {
-        self.buckets
-            .capacity()
-            .saturating_mul(std::mem::size_of::<Bucket>())
+        self.buckets.heap_bytes()
     }
 
     /// Latest recorded time, unix ms.
@@ -370,7 +605,7 @@ impl Window {
         let horizon = i128::from(self.horizon_ms);
         let mut previous: Option<i64> = None;
         let mut total: i64 = 0;
-        for b in &self.buckets {
+        for b in self.buckets.iter() {
             if b.count <= 0 {
                 return Err(WindowError::Corrupt("bucket count"));
             }
@@ -407,23 +642,25 @@ impl Window {
     /// The buckets re-indexed for `precision_ms`, or `None` if unchanged.
     /// Each bucket goes where its last possible event (its last ms, but not
     /// after `last_ms`) falls: later, never earlier, and never in the future.
-    fn rebucketed(&self, precision_ms: i64) -> Result<Option<VecDeque<Bucket>>, WindowError> {
+    /// A plain `Vec`: before expiry its indexes may span more than
+    /// [`Buckets`] holds (finer precision after a long horizon).
+    fn rebucketed(&self, precision_ms: i64) -> Result<Option<Vec<Bucket>>, WindowError> {
         if precision_ms == self.precision_ms {
             return Ok(None);
         }
         let last = i128::from(self.last_ms);
-        let mut out: VecDeque<Bucket> = VecDeque::with_capacity(self.buckets.len());
-        for b in &self.buckets {
+        let mut out: Vec<Bucket> = Vec::with_capacity(self.buckets.len());
+        for b in self.buckets.iter() {
             let at = bucket_last(b.index, self.precision_ms).min(last);
             let index = bucket_of(at, precision_ms)?;
-            match out.back_mut() {
+            match out.last_mut() {
                 Some(newest) if newest.index == index => {
                     newest.count = newest
                         .count
                         .checked_add(b.count)
                         .ok_or(WindowError::Overflow)?;
                 }
-                _ => out.push_back(Bucket {
+                _ => out.push(Bucket {
                     index,
                     count: b.count,
                 }),
@@ -436,22 +673,25 @@ impl Window {
 /// Decides from `buckets` (indexed by `params.precision_ms`) at `now`
 /// (normalised), reporting durations from `caller_now`. `recorded`: the call's
 /// cost is already in `buckets`.
-fn decide(
-    buckets: &VecDeque<Bucket>,
+fn decide<I>(
+    buckets: I,
     params: &WindowParams,
     now: i64,
     caller_now: i64,
     recorded: bool,
-) -> WindowDecision {
+) -> WindowDecision
+where
+    I: Iterator<Item = Bucket> + Clone,
+{
     // i128 throughout: sums of i64 values cannot reach its bounds.
     let now = i128::from(now);
     let caller_now = i128::from(caller_now);
     let window = i128::from(params.window_ms);
     // First instant at which bucket b no longer overlaps the window.
-    let exit_of = |b: &Bucket| bucket_last(b.index, params.precision_ms).saturating_add(window);
+    let exit_of = |b: Bucket| bucket_last(b.index, params.precision_ms).saturating_add(window);
     let mut counted: i128 = 0;
     let mut last_exit: Option<i128> = None;
-    for b in buckets {
+    for b in buckets.clone() {
         let exit = exit_of(b);
         if exit > now {
             counted = counted.saturating_add(i128::from(b.count));
@@ -496,32 +736,36 @@ fn decide(
 }
 
 /// Plans a record at `now` (normalised): drop what left the horizon, add `cost`.
-fn plan(
-    buckets: &VecDeque<Bucket>,
+fn plan<I>(
+    buckets: I,
     precision_ms: i64,
     horizon_ms: i64,
     now: i64,
     cost: i64,
-) -> Result<Plan, WindowError> {
+) -> Result<Plan, WindowError>
+where
+    I: Iterator<Item = Bucket> + Clone,
+{
     let now = i128::from(now);
     let horizon = i128::from(horizon_ms);
     let expired = buckets
-        .iter()
+        .clone()
         .take_while(|b| bucket_last(b.index, precision_ms).saturating_add(horizon) <= now)
         .count();
     // Refuse before changing anything if what is held would not fit i64: every
-    // later sum of held counts then fits too.
-    buckets
-        .iter()
+    // later sum of held counts then fits too. Also finds the newest kept bucket.
+    let (_, newest) = buckets
         .skip(expired)
-        .try_fold(cost, |total, b| total.checked_add(b.count))
+        .try_fold((cost, None), |(total, _), b| {
+            Some((total.checked_add(b.count)?, Some(b)))
+        })
         .ok_or(WindowError::Overflow)?;
     let current = bucket_of(now, precision_ms)?;
     let add = if cost == 0 {
         Add::Nothing
     } else {
-        match buckets.back() {
-            Some(newest) if newest.index == current && expired < buckets.len() => Add::ToNewest(
+        match newest {
+            Some(newest) if newest.index == current => Add::ToNewest(
                 newest
                     .count
                     .checked_add(cost)
@@ -534,29 +778,6 @@ fn plan(
         }
     };
     Ok(Plan { expired, add })
-}
-
-fn apply(buckets: &mut VecDeque<Bucket>, plan: Plan) {
-    for _ in 0..plan.expired {
-        buckets.pop_front();
-    }
-    match plan.add {
-        Add::Nothing => {}
-        Add::ToNewest(count) => {
-            if let Some(newest) = buckets.back_mut() {
-                newest.count = count;
-            }
-        }
-        Add::Push(bucket) => buckets.push_back(bucket),
-    }
-    // Keep the heap proportional to what is held after a shrink or conversion.
-    let roomy = buckets
-        .len()
-        .saturating_mul(2)
-        .saturating_add(CAPACITY_SLACK);
-    if buckets.capacity() > roomy {
-        buckets.shrink_to_fit();
-    }
 }
 
 fn default_precision(window_ms: i64) -> i64 {
@@ -905,16 +1126,7 @@ mod tests {
             precision_ms: 10,
             horizon_ms: 100,
             last_ms: 1000,
-            buckets: VecDeque::from(vec![
-                Bucket {
-                    index: 95,
-                    count: 1,
-                },
-                Bucket {
-                    index: 100,
-                    count: 2,
-                },
-            ]),
+            buckets: held(&[(95, 1), (100, 2)]),
         };
         good.validate().unwrap();
         let with = |f: &dyn Fn(&mut Window)| {
@@ -922,27 +1134,227 @@ mod tests {
             f(&mut w);
             w.validate().unwrap_err()
         };
+        let edit = |f: &dyn Fn(&mut Vec<Bucket>)| {
+            with(&|w| {
+                let mut v: Vec<Bucket> = w.buckets.iter().collect();
+                f(&mut v);
+                w.buckets = Buckets::from_buckets(v.iter().copied()).unwrap();
+            })
+        };
         with(&|w| w.window_ms = 0);
         with(&|w| w.precision_ms = 0);
         with(&|w| w.precision_ms = 101);
         with(&|w| w.horizon_ms = 99);
         with(&|w| w.horizon_ms = 10 * 4096 + 1);
-        with(&|w| w.buckets[0].count = 0);
-        with(&|w| w.buckets[0].count = -1);
-        with(&|w| w.buckets[0].index = 100);
-        with(&|w| w.buckets[1].index = 101);
-        with(&|w| w.buckets[0].index = 89);
-        with(&|w| {
-            w.buckets[0].count = i64::MAX;
+        edit(&|b| b[0].count = 0);
+        edit(&|b| b[0].count = -1);
+        edit(&|b| b[0].index = 100);
+        edit(&|b| b[1].index = 101);
+        edit(&|b| b[0].index = 89);
+        edit(&|b| {
+            b[0].count = i64::MAX;
         });
-        with(&|w| {
-            w.buckets = (0..20)
+        edit(&|b| {
+            *b = (0..20)
                 .map(|i| Bucket {
                     index: 90 + i,
                     count: 1,
                 })
                 .collect();
         });
+    }
+
+    /// Buckets from `(index, count)` pairs.
+    fn held(pairs: &[(i64, i64)]) -> Buckets {
+        Buckets::from_buckets(pairs.iter().map(|&(index, count)| Bucket { index, count })).unwrap()
+    }
+
+    fn pairs(b: &Buckets) -> Vec<(i64, i64)> {
+        b.iter().map(|b| (b.index, b.count)).collect()
+    }
+
+    #[test]
+    fn buckets_hold_any_sequence_spanning_at_most_u32() {
+        let far = i64::from(u32::MAX);
+        for seq in [
+            vec![],
+            vec![(i64::MIN, 1)],
+            vec![(i64::MAX, -1), (i64::MAX - far, 0)],
+            vec![(5, 1), (3, 2), (5, 3)],
+            vec![(i64::MIN, 1), (i64::MIN + far, 2)],
+        ] {
+            let b = held(&seq);
+            assert_eq!(pairs(&b), seq);
+            assert_eq!(b.len(), seq.len());
+            assert_eq!(b.heap_bytes(), 12 * seq.len());
+        }
+        for seq in [
+            vec![(0, 1), (far + 1, 1)],
+            vec![(i64::MIN, 1), (i64::MAX, 1)],
+            vec![(far, 1), (-1, 1)],
+        ] {
+            let from = seq.iter().map(|&(index, count)| Bucket { index, count });
+            assert_eq!(
+                Buckets::from_buckets(from),
+                Err(WindowError::Corrupt("bucket index span"))
+            );
+        }
+    }
+
+    #[test]
+    fn buckets_rebase_when_a_push_does_not_fit() {
+        let far = i64::from(u32::MAX);
+        let push = |index| Add::Push(Bucket { index, count: 7 });
+        let mut b = held(&[(10, 1), (20, 2), (30, 3)]);
+        assert_eq!(b.base, 10);
+        // Fits the current base: no rebase.
+        b.advance(1, push(far + 10), None).unwrap();
+        assert_eq!(b.base, 10);
+        assert_eq!(pairs(&b), [(20, 2), (30, 3), (far + 10, 7)]);
+        // Past u32 from the base: rebased on the oldest kept bucket.
+        b.advance(1, push(far + 30), None).unwrap();
+        assert_eq!(b.base, 30);
+        assert_eq!(pairs(&b), [(30, 3), (far + 10, 7), (far + 30, 7)]);
+        // Too wide whatever the base: refused, unchanged.
+        let before = b.clone();
+        assert_eq!(
+            b.advance(0, push(far + 31), None),
+            Err(WindowError::Corrupt("bucket index span"))
+        );
+        assert_eq!(b, before);
+        assert_eq!(b.base, 30);
+        // Out of order but above the base: as is.
+        b.advance(2, push(100), None).unwrap();
+        assert_eq!(pairs(&b), [(far + 30, 7), (100, 7)]);
+        assert_eq!(b.base, 30);
+        // Below the base (only a corrupt value does this): rebased down.
+        let mut low = held(&[(10, 1), (20, 1)]);
+        low.advance(0, push(5), None).unwrap();
+        assert_eq!(pairs(&low), [(10, 1), (20, 1), (5, 7)]);
+        assert_eq!(low.base, 5);
+        // Everything expired: the pushed bucket becomes the base.
+        b.advance(2, push(i64::MIN), None).unwrap();
+        assert_eq!(pairs(&b), [(i64::MIN, 7)]);
+        b.advance(0, Add::ToNewest(9), None).unwrap();
+        b.advance(0, Add::Nothing, None).unwrap();
+        assert_eq!(pairs(&b), [(i64::MIN, 9)]);
+        b.advance(1, Add::Nothing, None).unwrap();
+        assert_eq!(b.len(), 0);
+        // Equality ignores the base.
+        let mut x = held(&[(1, 1), (2, 1)]);
+        x.advance(1, push(3), None).unwrap();
+        assert_eq!(x.base, 1);
+        assert_eq!(x, held(&[(2, 1), (3, 7)]));
+        assert_ne!(x, held(&[(2, 1), (3, 8)]));
+    }
+
+    #[test]
+    fn buckets_serialize_as_a_deque_of_buckets() {
+        use bincode::Options;
+        let opts = bincode::DefaultOptions::new();
+        let seq = vec![(-3, 1), (0, i64::MAX), (70_000, 2), (1 << 31, -4)];
+        let mut b = held(&[(-100, 5)]);
+        for &(index, count) in &seq {
+            b.advance(0, Add::Push(Bucket { index, count }), None)
+                .unwrap();
+        }
+        b.advance(1, Add::Nothing, None).unwrap();
+        let deque: VecDeque<Bucket> = seq
+            .iter()
+            .map(|&(index, count)| Bucket { index, count })
+            .collect();
+        let bytes = opts.serialize(&b).unwrap();
+        assert_eq!(bytes, opts.serialize(&deque).unwrap());
+        let back: Buckets = opts.deserialize(&bytes).unwrap();
+        assert_eq!(back, b);
+        assert_eq!(back.heap_bytes(), 12 * seq.len());
+        // Out of order is kept (validate refuses it); too wide cannot be held.
+        let odd: VecDeque<Bucket> = [(5, 1), (2, 1)]
+            .iter()
+            .map(|&(index, count)| Bucket { index, count })
+            .collect();
+        let back: Buckets = opts.deserialize(&opts.serialize(&odd).unwrap()).unwrap();
+        assert_eq!(pairs(&back), [(5, 1), (2, 1)]);
+        let wide: VecDeque<Bucket> = [(0, 1), (1 << 33, 1)]
+            .iter()
+            .map(|&(index, count)| Bucket { index, count })
+            .collect();
+        let bytes = opts.serialize(&wide).unwrap();
+        assert!(opts.deserialize::<Buckets>(&bytes).is_err());
+    }
+
+    #[test]
+    fn finer_precision_after_a_long_horizon_converts_then_expires() {
+        // Held times 0 and 2^39 are 2^39 one-ms buckets apart: more than
+        // `Buckets` can hold, until the 1 s horizon of the new call drops the first.
+        let long = params(10, 1 << 40, 1 << 28, 1);
+        let mut w = Window::new(&long, 0);
+        call(&mut w, &long, 0);
+        call(&mut w, &long, 1 << 39);
+        assert_eq!(w.bucket_count(), 2);
+        let fine = params(10, 1000, 1, 1);
+        assert_eq!(
+            call(&mut w, &fine, (1 << 39) + 1),
+            decision(true, 8, 0, 1000)
+        );
+        assert_eq!(pairs(&w.buckets), [(1 << 39, 1), ((1 << 39) + 1, 1)]);
+        assert_eq!(w.horizon_ms(), 4096);
+    }
+
+    #[test]
+    fn a_long_lived_base_is_rebased_on_the_kept_buckets() {
+        // As after ~2^32 ms of steady 1 ms traffic: the base lags the oldest
+        // held bucket by almost u32::MAX.
+        let p = params(10, 100, 1, 1);
+        let plain = Window {
+            window_ms: 100,
+            precision_ms: 1,
+            horizon_ms: 100,
+            last_ms: 1_000_000,
+            buckets: held(&[(999_950, 1), (1_000_000, 2)]),
+        };
+        plain.validate().unwrap();
+        let mut lagging = plain.clone();
+        let lag = i64::from(u32::MAX) - 60;
+        lagging.buckets.base -= lag;
+        for o in &mut lagging.buckets.offsets {
+            *o += u32::try_from(lag).unwrap();
+        }
+        assert_eq!(lagging, plain);
+        lagging.validate().unwrap();
+        let mut w = plain.clone();
+        for t in [1_000_010, 1_000_049, 1_000_070, 1_000_090] {
+            assert_eq!(call(&mut lagging, &p, t), call(&mut w, &p, t));
+            assert_eq!(lagging, w);
+        }
+        // 1_000_010 landed exactly u32::MAX past the base; 1_000_049 did not
+        // fit and rebased on the oldest bucket kept then (999_950).
+        assert_eq!(lagging.buckets.base, 999_950);
+        assert_eq!(
+            pairs(&lagging.buckets),
+            [
+                (1_000_000, 2),
+                (1_000_010, 1),
+                (1_000_049, 1),
+                (1_000_070, 1),
+                (1_000_090, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn storage_fits_a_full_window_exactly() {
+        // 60 s at 1 s, one call every 100 ms for 3 minutes: 61 buckets held,
+        // storage grown to exactly that budget (12 bytes each).
+        let p = params(i64::MAX, 60_000, 1000, 1);
+        let mut w = Window::new(&p, 0);
+        for t in (0..180_000).step_by(100) {
+            w.record(&p, t).unwrap();
+            assert!(w.heap_bytes() <= 61 * 12);
+        }
+        assert_eq!(w.bucket_count(), 61);
+        assert_eq!(w.heap_bytes(), 61 * 12);
+        w.validate().unwrap();
     }
 
     #[test]
@@ -957,12 +1369,14 @@ mod tests {
         w.validate().unwrap();
         assert_eq!(w.bucket_count(), 4096);
         assert!(w.heap_bytes() <= (2 * 4097 + CAPACITY_SLACK) * 16);
+        assert!(w.heap_bytes() <= 4097 * 12);
         // Coarser precision merges the held buckets, and the heap follows.
         let coarse = params(i64::MAX, 4096, 64, 1);
         w.record(&coarse, 6144).unwrap();
         w.validate().unwrap();
         assert!(w.bucket_count() <= 65);
         assert!(w.heap_bytes() <= (2 * 65 + CAPACITY_SLACK) * 16);
+        assert!(w.heap_bytes() <= (65 + 65 / 2 + CAPACITY_SLACK) * 12);
     }
 
     // ---- property tests ----
@@ -1118,6 +1532,7 @@ mod tests {
                     let max = max_len(w.horizon_ms(), w.precision_ms()).unwrap();
                     prop_assert!(w.bucket_count() <= max && max <= 4097);
                     prop_assert!(w.heap_bytes() <= (2 * max + CAPACITY_SLACK) * 16);
+                    prop_assert!(w.heap_bytes() <= (max + max / 2 + CAPACITY_SLACK) * 12);
                 } else if d.retry_after_ms > 0 {
                     let r = d.retry_after_ms;
                     prop_assert!(w.check(&p, raw + r).unwrap().allowed);
@@ -1168,18 +1583,39 @@ mod tests {
             horizon_ms in any::<i64>(),
             last_ms in any::<i64>(),
             buckets in prop::collection::vec((any::<i64>(), any::<i64>()), 0..6),
+            // Indexes near one centre (else any two rarely fit one value):
+            // (use the raw index, offset from the centre, count).
+            near in prop::collection::vec((any::<bool>(), -5000..5000i64, any::<i64>()), 0..6),
+            centre_at_last in any::<bool>(),
+            centre in any::<i64>(),
             limit in any::<i64>(),
             pw in any::<i64>(),
             pp in any::<i64>(),
             cost in any::<i64>(),
             now in any::<i64>(),
         ) {
+            let raw = || buckets.iter().map(|&(index, count)| Bucket { index, count });
+            // Whatever the indexes: held, or refused as a deserializer would.
+            let _ = Buckets::from_buckets(raw());
+            let centre = if centre_at_last {
+                last_ms.checked_div_euclid(precision_ms).unwrap_or(centre)
+            } else {
+                centre
+            };
+            let near = near.iter().zip(buckets.iter()).map(|(&(use_raw, delta, count), &(index, _))| {
+                let index = if use_raw { index } else { centre.saturating_add(delta) };
+                Bucket { index, count }
+            });
+            let Ok(held) = Buckets::from_buckets(near.clone().chain(raw()))
+                .or_else(|_| Buckets::from_buckets(near)) else {
+                return Ok(());
+            };
             let mut w = Window {
                 window_ms,
                 precision_ms,
                 horizon_ms,
                 last_ms,
-                buckets: buckets.into_iter().map(|(index, count)| Bucket { index, count }).collect(),
+                buckets: held,
             };
             let _ = w.validate();
             let _ = w.empty_at_ms();
