@@ -329,12 +329,21 @@ fn format_offset(offset: Offset) -> String {
     }
 }
 
-/// User text made safe to echo in a one-line error reply.
+/// User text made safe to echo in a one-line error reply: printable ASCII only, anything else
+/// becomes `?`. redis-module 2.0.8 writes an error reply's chars as single bytes (`c as u8`),
+/// so a non-ASCII char would reach the client as invalid UTF-8, and one whose low byte is 0
+/// (U+0100, U+4E00, ...) makes the crate's `CString::new(..).unwrap()` panic, aborting Redis.
 fn echo(raw: &[u8]) -> String {
     String::from_utf8_lossy(raw)
         .chars()
         .take(MAX_ECHO_CHARS)
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
         .collect()
 }
 
@@ -548,7 +557,10 @@ mod tests {
             "ERR unknown time zone 'Mars/Base'"
         );
         let err = Period::new(PeriodKind::Day, b"Bad\r\nZone\xff", None).unwrap_err();
-        assert_eq!(err.to_string(), "ERR unknown time zone 'Bad??Zone\u{fffd}'");
+        assert_eq!(err.to_string(), "ERR unknown time zone 'Bad??Zone?'");
+        // Non-ASCII is echoed as '?': the reply must stay ASCII (see `echo`).
+        let err = Period::new(PeriodKind::Day, "\u{100}\u{4e00}é".as_bytes(), None).unwrap_err();
+        assert_eq!(err.to_string(), "ERR unknown time zone '???'");
         let long = "x".repeat(1000);
         match canon(&long).unwrap_err() {
             PeriodError::UnknownTimeZone(echoed) => assert_eq!(echoed.len(), MAX_ECHO_CHARS),
