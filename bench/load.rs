@@ -1,0 +1,557 @@
+//! Throughput workloads: each runs for a fixed time from several connections (one thread each)
+//! at a given pipeline depth; the server-side cost comes from `INFO commandstats`, reset after
+//! each workload's setup so it counts the timed part only.
+
+use std::time::{Duration, Instant};
+
+use redis::{Connection, Value};
+
+use crate::server::{command_stats, Server};
+use crate::Result;
+
+/// Tenant keys each workload spreads its calls over.
+pub const KEYS: usize = 64;
+/// A budget limit no workload reaches: every call is granted (the write path is measured).
+const BIG_LIMIT: i64 = 1_000_000_000_000_000;
+/// Window limit no workload reaches: every call is admitted.
+const WINDOW_LIMIT: i64 = 1_000_000_000;
+const WINDOW_MS: i64 = 60_000;
+
+/// The benchmark's Lua scripts, loaded with SCRIPT LOAD and called with EVALSHA.
+pub struct Scripts {
+    pub reserve: String,
+    pub settle: String,
+    pub rollback: String,
+    pub window: String,
+    pub daily: String,
+}
+
+pub const RESERVE_LUA: &str = include_str!("lua/reserve.lua");
+pub const SETTLE_LUA: &str = include_str!("lua/settle.lua");
+pub const ROLLBACK_LUA: &str = include_str!("lua/rollback.lua");
+pub const WINDOW_LUA: &str = include_str!("lua/window.lua");
+pub const DAILY_LUA: &str = include_str!("lua/daily.lua");
+
+impl Scripts {
+    pub fn load(con: &mut Connection) -> Result<Scripts> {
+        let mut load = |src: &str| -> Result<String> {
+            Ok(redis::cmd("SCRIPT").arg("LOAD").arg(src).query(con)?)
+        };
+        Ok(Scripts {
+            reserve: load(RESERVE_LUA)?,
+            settle: load(SETTLE_LUA)?,
+            rollback: load(ROLLBACK_LUA)?,
+            window: load(WINDOW_LUA)?,
+            daily: load(DAILY_LUA)?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Incr,
+    Hincrby,
+    LuaReserve,
+    LuaCycle,
+    LuaRollback,
+    LuaWindow,
+    LuaDaily,
+    Reserve,
+    Cycle,
+    Rollback,
+    Charge,
+    Window,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 12] = [
+        Kind::Incr,
+        Kind::Hincrby,
+        Kind::LuaReserve,
+        Kind::LuaCycle,
+        Kind::LuaRollback,
+        Kind::LuaWindow,
+        Kind::LuaDaily,
+        Kind::Reserve,
+        Kind::Cycle,
+        Kind::Rollback,
+        Kind::Charge,
+        Kind::Window,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Incr => "INCR",
+            Kind::Hincrby => "HINCRBY",
+            Kind::LuaReserve => "Lua reserve",
+            Kind::LuaCycle => "Lua reserve+settle",
+            Kind::LuaRollback => "Lua rollback",
+            Kind::LuaWindow => "Lua window (ZSET)",
+            Kind::LuaDaily => "Lua daily counter",
+            Kind::Reserve => "QUOTA.RESERVE",
+            Kind::Cycle => "QUOTA.RESERVE+SETTLE",
+            Kind::Rollback => "QUOTA.ROLLBACK",
+            Kind::Charge => "QUOTA.CHARGE (PERIOD DAY)",
+            Kind::Window => "QUOTA.WINDOW",
+        }
+    }
+
+    /// The commands whose `INFO commandstats` time is this workload's server cost.
+    fn commands(self) -> &'static [&'static str] {
+        match self {
+            Kind::Incr => &["incr"],
+            Kind::Hincrby => &["hincrby"],
+            Kind::LuaReserve
+            | Kind::LuaCycle
+            | Kind::LuaRollback
+            | Kind::LuaWindow
+            | Kind::LuaDaily => &["evalsha"],
+            Kind::Reserve => &["quota.reserve"],
+            Kind::Cycle => &["quota.reserve", "quota.settle"],
+            Kind::Rollback => &["quota.rollback"],
+            Kind::Charge => &["quota.charge"],
+            Kind::Window => &["quota.window"],
+        }
+    }
+
+    /// What one operation is (a cycle is two calls).
+    pub fn unit(self) -> &'static str {
+        match self {
+            Kind::LuaCycle | Kind::Cycle => "cycle",
+            _ => "call",
+        }
+    }
+
+    /// Workloads that roll back reservations made (untimed) before the clock starts.
+    fn needs_prefill(self) -> bool {
+        matches!(self, Kind::LuaRollback | Kind::Rollback)
+    }
+}
+
+/// One workload at one depth.
+#[derive(Clone, Debug)]
+pub struct Measure {
+    pub kind: Kind,
+    pub depth: usize,
+    /// Operations completed (calls, or cycles for the cycle workloads).
+    pub ops: u64,
+    pub elapsed: Duration,
+    /// Total server µs of the workload's commands from `INFO commandstats`.
+    pub usec: u64,
+    /// A rollback workload ran out of prefilled reservations before its time was up.
+    pub exhausted: bool,
+}
+
+impl Measure {
+    pub fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Server µs per operation (per cycle for the cycle workloads).
+    pub fn usec_per_op(&self) -> f64 {
+        self.usec as f64 / (self.ops.max(1)) as f64
+    }
+}
+
+/// What a workload run needs besides its kind and depth.
+pub struct Run<'a> {
+    pub server: &'a Server,
+    pub scripts: &'a Scripts,
+    pub threads: usize,
+    pub duration: Duration,
+    /// For the rollback workloads: how many reservations each thread makes before the clock.
+    pub prefill_per_thread: usize,
+}
+
+fn budget_key(k: usize) -> String {
+    format!("bench:q:{k}")
+}
+
+fn tenant_hash(k: usize) -> String {
+    format!("bench:t:{k}")
+}
+
+fn detail_key(id: &str) -> String {
+    format!("quota_reserve:{id}")
+}
+
+/// A client id of exactly 16 bytes, unique per (thread, sequence).
+fn client_id(thread: usize, n: u64) -> String {
+    format!("r{thread:02}-{n:012}")
+}
+
+fn key_of(thread: usize, n: u64) -> usize {
+    (n as usize).wrapping_add(thread.wrapping_mul(13)) % KEYS
+}
+
+/// Empties the server and creates what `kind` works on.
+fn setup(con: &mut Connection, kind: Kind) -> Result<()> {
+    redis::cmd("FLUSHALL").arg("SYNC").query::<()>(con)?;
+    let mut p = redis::pipe();
+    for k in 0..KEYS {
+        match kind {
+            Kind::LuaReserve | Kind::LuaCycle | Kind::LuaRollback => {
+                p.cmd("HSET")
+                    .arg(tenant_hash(k))
+                    .arg("total")
+                    .arg(BIG_LIMIT)
+                    .arg("used")
+                    .arg(0)
+                    .arg("reserved")
+                    .arg(0)
+                    .ignore();
+            }
+            Kind::Reserve | Kind::Cycle | Kind::Rollback => {
+                p.cmd("QUOTA.SET")
+                    .arg(budget_key(k))
+                    .arg("LIMIT")
+                    .arg(BIG_LIMIT)
+                    .arg("TTL")
+                    .arg(3_600_000)
+                    .ignore();
+            }
+            Kind::Charge => {
+                p.cmd("QUOTA.SET")
+                    .arg(budget_key(k))
+                    .arg("LIMIT")
+                    .arg(BIG_LIMIT)
+                    .arg("PERIOD")
+                    .arg("DAY")
+                    .ignore();
+            }
+            _ => {}
+        }
+    }
+    if p.cmd_iter().next().is_some() {
+        p.query::<()>(con)?;
+    }
+    Ok(())
+}
+
+fn reset_stats(con: &mut Connection) -> Result<()> {
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(con)
+        .map_err(Into::into)
+}
+
+/// Runs `kind` at `depth` for `run.duration` and reads its server cost.
+pub fn measure(run: &Run, kind: Kind, depth: usize) -> Result<Measure> {
+    let mut con = run.server.connection()?;
+    setup(&mut con, kind)?;
+    let mut prefills: Vec<Vec<(usize, String)>> = Vec::new();
+    if kind.needs_prefill() {
+        for t in 0..run.threads {
+            prefills.push(prefill(
+                &mut con,
+                run.scripts,
+                kind,
+                t,
+                run.prefill_per_thread,
+            )?);
+        }
+    } else {
+        prefills.resize_with(run.threads, Vec::new);
+    }
+    reset_stats(&mut con)?;
+    let client = run.server.client()?;
+    let start = Instant::now();
+    let results: Vec<Result<(u64, Duration, bool)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = prefills
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut ids)| {
+                let client = client.clone();
+                s.spawn(move || -> Result<(u64, Duration, bool)> {
+                    let mut con = client.get_connection()?;
+                    let mut n: u64 = 0;
+                    let mut ops: u64 = 0;
+                    let mut exhausted = false;
+                    while start.elapsed() < run.duration {
+                        match batch(&mut con, run.scripts, kind, t, &mut n, depth, &mut ids)? {
+                            Some(done) => ops += done,
+                            None => {
+                                exhausted = true;
+                                break;
+                            }
+                        }
+                    }
+                    Ok((ops, start.elapsed(), exhausted))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .collect()
+    });
+    let mut ops = 0;
+    let mut elapsed = Duration::ZERO;
+    let mut exhausted = false;
+    for r in results {
+        let (o, e, x) = r?;
+        ops += o;
+        elapsed = elapsed.max(e);
+        exhausted |= x;
+    }
+    let mut calls = 0;
+    let mut usec = 0;
+    for name in kind.commands() {
+        let (c, u) = command_stats(&mut con, name)?;
+        calls += c;
+        usec += u;
+    }
+    let per_op = if kind.unit() == "cycle" { 2 } else { 1 };
+    if calls != ops * per_op {
+        return Err(format!(
+            "{}: the server counted {calls} calls for {ops} operations",
+            kind.name()
+        )
+        .into());
+    }
+    Ok(Measure {
+        kind,
+        depth,
+        ops,
+        elapsed,
+        usec,
+        exhausted,
+    })
+}
+
+/// Untimed: makes `count` reservations for thread `t` to roll back, as (key index, id).
+fn prefill(
+    con: &mut Connection,
+    scripts: &Scripts,
+    kind: Kind,
+    t: usize,
+    count: usize,
+) -> Result<Vec<(usize, String)>> {
+    const CHUNK: usize = 256;
+    let mut out = Vec::with_capacity(count);
+    let mut n: u64 = 0;
+    while out.len() < count {
+        let mut p = redis::pipe();
+        let mut keys = Vec::with_capacity(CHUNK);
+        for _ in 0..CHUNK.min(count - out.len()) {
+            let k = key_of(t, n);
+            let id = client_id(t, n);
+            n += 1;
+            if kind == Kind::LuaRollback {
+                p.cmd("EVALSHA")
+                    .arg(&scripts.reserve)
+                    .arg(2)
+                    .arg(tenant_hash(k))
+                    .arg(detail_key(&id))
+                    .arg(1);
+            } else {
+                p.cmd("QUOTA.RESERVE").arg(budget_key(k)).arg(1);
+            }
+            keys.push((k, id));
+        }
+        let replies: Vec<Value> = p.query(con)?;
+        for ((k, id), v) in keys.into_iter().zip(replies) {
+            if kind == Kind::LuaRollback {
+                expect_int(&v, 1)?;
+                out.push((k, id));
+            } else {
+                out.push((k, granted_id(&v)?));
+            }
+        }
+    }
+    // Popped from the back: roll back the oldest first, as a client would.
+    out.reverse();
+    Ok(out)
+}
+
+fn expect_int(v: &Value, want: i64) -> Result<()> {
+    match v {
+        Value::Int(n) if *n == want => Ok(()),
+        other => Err(format!("unexpected reply {other:?} (wanted {want})").into()),
+    }
+}
+
+/// The id of a granted `QUOTA.RESERVE` reply `[1, id, available, 0]`.
+fn granted_id(v: &Value) -> Result<String> {
+    if let Value::Array(items) = v {
+        if let (Some(Value::Int(1)), Some(Value::BulkString(id))) = (items.first(), items.get(1)) {
+            return Ok(String::from_utf8_lossy(id).into_owned());
+        }
+    }
+    Err(format!("RESERVE not granted: {v:?}").into())
+}
+
+/// The first element of an array reply must be `want` (QUOTA.* replies).
+fn expect_first(v: &Value, want: i64) -> Result<()> {
+    if let Value::Array(items) = v {
+        if let Some(Value::Int(n)) = items.first() {
+            if *n == want {
+                return Ok(());
+            }
+        }
+    }
+    Err(format!("unexpected reply {v:?}").into())
+}
+
+/// One pipelined batch of `depth` operations; `None` when a rollback workload ran out of ids.
+fn batch(
+    con: &mut Connection,
+    scripts: &Scripts,
+    kind: Kind,
+    t: usize,
+    n: &mut u64,
+    depth: usize,
+    prefilled: &mut Vec<(usize, String)>,
+) -> Result<Option<u64>> {
+    let mut p = redis::pipe();
+    match kind {
+        Kind::Incr
+        | Kind::Hincrby
+        | Kind::LuaWindow
+        | Kind::LuaDaily
+        | Kind::Charge
+        | Kind::Window => {
+            for _ in 0..depth {
+                let k = key_of(t, *n);
+                match kind {
+                    Kind::Incr => p.cmd("INCR").arg(format!("bench:c:{k}")),
+                    Kind::Hincrby => p.cmd("HINCRBY").arg(tenant_hash(k)).arg("reserved").arg(1),
+                    Kind::LuaWindow => p
+                        .cmd("EVALSHA")
+                        .arg(&scripts.window)
+                        .arg(1)
+                        .arg(format!("bench:w:{k}"))
+                        .arg(WINDOW_LIMIT)
+                        .arg(WINDOW_MS)
+                        .arg(format!("{t}-{n}")),
+                    Kind::LuaDaily => p
+                        .cmd("EVALSHA")
+                        .arg(&scripts.daily)
+                        .arg(1)
+                        .arg(format!("bench:d:{k}"))
+                        .arg(BIG_LIMIT),
+                    Kind::Window => p
+                        .cmd("QUOTA.WINDOW")
+                        .arg(format!("bench:qw:{k}"))
+                        .arg(WINDOW_LIMIT)
+                        .arg(WINDOW_MS),
+                    _ => p.cmd("QUOTA.CHARGE").arg(budget_key(k)).arg(1),
+                };
+                *n += 1;
+            }
+            let replies: Vec<Value> = p.query(con)?;
+            for v in &replies {
+                match kind {
+                    Kind::LuaWindow | Kind::LuaDaily => expect_int(v, 1)?,
+                    Kind::Charge | Kind::Window => expect_first(v, 1)?,
+                    _ => {}
+                }
+            }
+        }
+        Kind::LuaReserve | Kind::LuaCycle => {
+            let mut made = Vec::with_capacity(depth);
+            for _ in 0..depth {
+                let k = key_of(t, *n);
+                let id = client_id(t, *n);
+                *n += 1;
+                p.cmd("EVALSHA")
+                    .arg(&scripts.reserve)
+                    .arg(2)
+                    .arg(tenant_hash(k))
+                    .arg(detail_key(&id))
+                    .arg(1);
+                made.push((k, id));
+            }
+            let replies: Vec<Value> = p.query(con)?;
+            for v in &replies {
+                expect_int(v, 1)?;
+            }
+            if kind == Kind::LuaCycle {
+                let mut s = redis::pipe();
+                for (k, id) in &made {
+                    s.cmd("EVALSHA")
+                        .arg(&scripts.settle)
+                        .arg(2)
+                        .arg(tenant_hash(*k))
+                        .arg(detail_key(id))
+                        .arg(1);
+                }
+                let replies: Vec<Value> = s.query(con)?;
+                for v in &replies {
+                    expect_int(v, 1)?;
+                }
+            }
+        }
+        Kind::Reserve | Kind::Cycle => {
+            let mut keys = Vec::with_capacity(depth);
+            for _ in 0..depth {
+                let k = key_of(t, *n);
+                *n += 1;
+                p.cmd("QUOTA.RESERVE").arg(budget_key(k)).arg(1);
+                keys.push(k);
+            }
+            let replies: Vec<Value> = p.query(con)?;
+            if kind == Kind::Cycle {
+                let mut s = redis::pipe();
+                for (k, v) in keys.iter().zip(&replies) {
+                    s.cmd("QUOTA.SETTLE")
+                        .arg(budget_key(*k))
+                        .arg(granted_id(v)?)
+                        .arg(1);
+                }
+                let replies: Vec<Value> = s.query(con)?;
+                for v in &replies {
+                    expect_settled(v)?;
+                }
+            } else {
+                for v in &replies {
+                    expect_first(v, 1)?;
+                }
+            }
+        }
+        Kind::LuaRollback | Kind::Rollback => {
+            if prefilled.len() < depth {
+                return Ok(None);
+            }
+            for _ in 0..depth {
+                let Some((k, id)) = prefilled.pop() else {
+                    return Ok(None);
+                };
+                if kind == Kind::LuaRollback {
+                    p.cmd("EVALSHA")
+                        .arg(&scripts.rollback)
+                        .arg(2)
+                        .arg(tenant_hash(k))
+                        .arg(detail_key(&id));
+                } else {
+                    p.cmd("QUOTA.ROLLBACK").arg(budget_key(k)).arg(id);
+                }
+            }
+            let replies: Vec<Value> = p.query(con)?;
+            for v in &replies {
+                if kind == Kind::LuaRollback {
+                    expect_int(v, 1)?;
+                } else {
+                    expect_status(v, "rolledback")?;
+                }
+            }
+        }
+    }
+    Ok(Some(depth as u64))
+}
+
+fn expect_settled(v: &Value) -> Result<()> {
+    expect_status(v, "settled")
+}
+
+/// `[status, n, available]` replies of SETTLE and ROLLBACK.
+fn expect_status(v: &Value, want: &str) -> Result<()> {
+    if let Value::Array(items) = v {
+        match items.first() {
+            Some(Value::SimpleString(s)) if s == want => return Ok(()),
+            Some(Value::Okay) if want == "OK" => return Ok(()),
+            _ => {}
+        }
+    }
+    Err(format!("unexpected reply {v:?} (wanted {want})").into())
+}

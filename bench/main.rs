@@ -1,0 +1,230 @@
+//! `make bench`: redis-quota against the Lua scripts it replaces, in one run on one machine.
+//!
+//! It starts its own redis-server (free port, `--save ''`, `--appendonly no`, a temp dir, the
+//! release module) for each phase and stops it at the end:
+//! - **load**: each workload for a fixed time at pipeline depth 1 and 16 from several
+//!   connections (one thread each): throughput seen by the clients, and the server-side cost
+//!   per call from `INFO commandstats` (`CONFIG RESETSTAT` after each workload's setup). Floors
+//!   `INCR` and `HINCRBY`; the Lua scripts in `bench/lua/` (EVALSHA); the module's commands.
+//! - **memory**: bytes per pending reservation (16-byte ids), per remembered finished id and
+//!   per 60 s / 1 s sliding-window key under heavy traffic, module and Lua, from `used_memory`
+//!   deltas and `MEMORY USAGE`.
+//! - **sweeper**: many pending reservations expiring within a few seconds; the lag between
+//!   deadline and release from `INFO quota`.
+//!
+//! Every figure is reported as a ratio against the baseline measured in the same run, and
+//! checked against the goals of issue 5. The report goes to stdout and, between the markers,
+//! into `docs/benchmarks.md` (hand-written notes outside the markers are kept).
+//!
+//! Environment: `BENCH_QUICK=1` (short run, ≤ 60 s), `BENCH_THREADS` (connections, default 4),
+//! `BENCH_SECONDS` (per workload and depth), `BENCH_ONLY=load,memory,sweeper`,
+//! `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report path, `-` for none),
+//! `QUOTA_MODULE` (module path, default `target/release/libredis_quota.so`).
+//!
+//! Benchmarks are not tests: nothing here asserts a timing; goals are reported met / not met.
+
+// A benchmark client, not module code: the no-panic lints guard the module only.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
+
+mod load;
+mod memory;
+mod report;
+mod server;
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use load::{Kind, Measure, Run, Scripts};
+use server::Server;
+
+type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
+
+/// Pipeline depths every workload runs at.
+pub const DEPTHS: [usize; 2] = [1, 16];
+
+pub struct Config {
+    pub quick: bool,
+    pub threads: usize,
+    pub duration: Duration,
+    pub sections: Vec<String>,
+    pub mem_items: usize,
+    pub window_keys: usize,
+    pub window_rate: usize,
+    pub sweep_keys: usize,
+    pub sweep_per_key: usize,
+    pub sweep_spread_ms: i64,
+    pub sweep_efforts: Vec<i64>,
+    pub out: Option<std::path::PathBuf>,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl Config {
+    fn from_env() -> Result<Config> {
+        let quick = matches!(env("BENCH_QUICK").as_deref(), Some(v) if v != "0");
+        let threads = match env("BENCH_THREADS") {
+            Some(v) => v.parse()?,
+            None => 4,
+        };
+        let secs: f64 = match env("BENCH_SECONDS") {
+            Some(v) => v.parse()?,
+            None if quick => 0.6,
+            None => 3.0,
+        };
+        let sections = env("BENCH_ONLY")
+            .unwrap_or_else(|| "load,memory,sweeper".into())
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .collect();
+        let sweep_efforts = env("BENCH_SWEEP_EFFORT")
+            .unwrap_or_else(|| "1000".into())
+            .split(',')
+            .map(|s| s.trim().parse::<i64>())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let out = match env("BENCH_OUT").as_deref() {
+            Some("-") => None,
+            Some(p) => Some(p.into()),
+            None => {
+                Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md"))
+            }
+        };
+        Ok(Config {
+            quick,
+            threads: threads.max(1),
+            duration: Duration::from_secs_f64(secs),
+            sections,
+            mem_items: if quick { 100_000 } else { 500_000 },
+            window_keys: if quick { 200 } else { 1000 },
+            window_rate: 10,
+            sweep_keys: if quick { 100 } else { 1000 },
+            sweep_per_key: 1000,
+            sweep_spread_ms: if quick { 2000 } else { 3000 },
+            sweep_efforts,
+            out,
+        })
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.sections.iter().any(|s| s == section)
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let cfg = Config::from_env()?;
+    let module = server::module_path()?;
+    let began = Instant::now();
+    let mut results = report::Results::default();
+
+    if cfg.runs("load") {
+        let server = Server::start(&module, "load", &[])?;
+        let mut con = server.connection()?;
+        results.redis_version = server::redis_version(&mut con)?;
+        let scripts = Scripts::load(&mut con)?;
+        let mut run = Run {
+            server: &server,
+            scripts: &scripts,
+            threads: cfg.threads,
+            duration: cfg.duration,
+            prefill_per_thread: 0,
+        };
+        for kind in Kind::ALL {
+            for depth in DEPTHS {
+                // Rollbacks need reservations made beforehand: enough for the run at the
+                // matching reserve workload's pace, with a margin.
+                let pace = match kind {
+                    Kind::LuaRollback => results.ops_per_sec(Kind::LuaReserve, depth),
+                    Kind::Rollback => results.ops_per_sec(Kind::Reserve, depth),
+                    _ => None,
+                };
+                run.prefill_per_thread = pace.map_or(0, |ops| {
+                    (ops * cfg.duration.as_secs_f64() * 4.0 / cfg.threads as f64) as usize
+                        + 4 * depth
+                });
+                let m: Measure = load::measure(&run, kind, depth)?;
+                eprintln!(
+                    "bench: {:<28} depth {:>2}: {:>9.0} {}/s, {:>6.2} µs/{} server{}",
+                    kind.name(),
+                    depth,
+                    m.ops_per_sec(),
+                    kind.unit(),
+                    m.usec_per_op(),
+                    kind.unit(),
+                    if m.exhausted { " (ran out of ids)" } else { "" }
+                );
+                results.load.push(m);
+            }
+        }
+    }
+
+    if cfg.runs("memory") {
+        eprintln!(
+            "bench: memory ({} items, {} window keys)…",
+            cfg.mem_items, cfg.window_keys
+        );
+        results.memory = Some(memory::measure_memory(
+            &module,
+            cfg.mem_items,
+            cfg.window_keys,
+            cfg.window_rate,
+        )?);
+    }
+
+    if cfg.runs("sweeper") {
+        let hint = results.ops_per_sec(Kind::Reserve, 16).unwrap_or(60_000.0);
+        for &effort in &cfg.sweep_efforts {
+            eprintln!(
+                "bench: sweeper ({} × {} pending, sweep-effort {effort})…",
+                cfg.sweep_keys, cfg.sweep_per_key
+            );
+            let r = memory::measure_sweeper(
+                &module,
+                cfg.sweep_keys,
+                cfg.sweep_per_key,
+                cfg.sweep_spread_ms,
+                effort,
+                hint,
+            )?;
+            eprintln!(
+                "bench: sweeper: peak {} pending, max lag {} ms, drained {} ms after the last \
+                 deadline",
+                r.pending_peak,
+                r.max_lag_ms,
+                r.drain_after_last_ms
+                    .map_or("(timed out)".into(), |d| d.to_string())
+            );
+            results.sweeper.push(r);
+        }
+    }
+
+    if results.redis_version.is_empty() {
+        let server = Server::start(&module, "version", &[])?;
+        results.redis_version = server::redis_version(&mut server.connection()?)?;
+    }
+    results.wall = began.elapsed();
+    let text = report::render(&cfg, &results);
+    println!("{text}");
+    if let Some(path) = &cfg.out {
+        report::write_doc(path, &text)?;
+        eprintln!("bench: report written to {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The redis-server a benchmark phase runs against: started on a free port with the module,
+//! no persistence, a temp dir; killed and removed on drop. Plus `INFO` parsing helpers.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Result;
+
+/// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
+/// to `--dir` before loading modules).
+pub fn module_path() -> Result<PathBuf> {
+    let path = match std::env::var_os("QUOTA_MODULE") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_quota.so"),
+    };
+    std::fs::canonicalize(&path).map_err(|e| {
+        format!(
+            "module not found at {} ({e}): run `make bench` (it builds the release module), \
+             or set QUOTA_MODULE",
+            path.display()
+        )
+        .into()
+    })
+}
+
+pub struct Server {
+    pub port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Server {
+    /// Starts a server; `module_args` go after the module path (`name value ...` configs).
+    pub fn start(module: &Path, tag: &str, module_args: &[&str]) -> Result<Server> {
+        let dir =
+            std::env::temp_dir().join(format!("redis-quota-bench-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("cannot find a free port: {e}"))?
+            .port();
+        let mut load = vec![module.display().to_string()];
+        load.extend(module_args.iter().map(|s| s.to_string()));
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .arg("--loadmodule")
+            .args(&load)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server ({e}): install it with `make deps`"))?;
+        let mut server = Server { port, dir, child };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    pub fn client(&self) -> Result<redis::Client> {
+        Ok(redis::Client::open(format!(
+            "redis://127.0.0.1:{}/",
+            self.port
+        ))?)
+    }
+
+    pub fn connection(&self) -> Result<redis::Connection> {
+        Ok(self.client()?.get_connection()?)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let client = self.client()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "redis-server exited at startup ({status}); its log:\n{}",
+                    self.log()
+                )
+                .into());
+            }
+            if let Ok(mut con) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!(
+            "redis-server did not answer on port {} within 10 s; its log:\n{}",
+            self.port,
+            self.log()
+        )
+        .into())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log"))
+            .unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `INFO section` as `field → value` (comments and section headers dropped).
+pub fn info(con: &mut redis::Connection, section: &str) -> Result<HashMap<String, String>> {
+    let text: String = redis::cmd("INFO").arg(section).query(con)?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect())
+}
+
+/// An integer field of `INFO section`.
+pub fn info_i64(con: &mut redis::Connection, section: &str, field: &str) -> Result<i64> {
+    let map = info(con, section)?;
+    map.get(field)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("INFO {section} has no integer field {field}").into())
+}
+
+/// `used_memory` in bytes.
+pub fn used_memory(con: &mut redis::Connection) -> Result<i64> {
+    info_i64(con, "memory", "used_memory")
+}
+
+/// Calls and total µs of one command from `INFO commandstats` (0, 0 if never called).
+pub fn command_stats(con: &mut redis::Connection, name: &str) -> Result<(u64, u64)> {
+    let map = info(con, "commandstats")?;
+    // Module commands keep the case they were registered with.
+    let field = format!("cmdstat_{name}");
+    let Some(line) = map
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(&field))
+        .map(|(_, v)| v)
+    else {
+        return Ok((0, 0));
+    };
+    let mut calls = 0;
+    let mut usec = 0;
+    for part in line.split(',') {
+        match part.split_once('=') {
+            Some(("calls", v)) => calls = v.parse()?,
+            Some(("usec", v)) => usec = v.parse()?,
+            _ => {}
+        }
+    }
+    Ok((calls, usec))
+}
+
+/// The redis-server version string.
+pub fn redis_version(con: &mut redis::Connection) -> Result<String> {
+    let map = info(con, "server")?;
+    Ok(map
+        .get("redis_version")
+        .cloned()
+        .unwrap_or_else(|| "?".into()))
+}
