@@ -12,8 +12,10 @@
 mod common;
 use common::*;
 
+/// A server driven by `AT`. Its sweeper is off: the sweeper judges expiry by the wall clock,
+/// far ahead of these AT times, and would race the commands under test.
 fn clock_server() -> Server {
-    Server::start_with_module_args(&[], &["test-clock", "yes"])
+    Server::start_with_module_args(&[], &["test-clock", "yes", "sweep-effort", "0"])
 }
 
 #[test]
@@ -477,7 +479,17 @@ fn expired_reservations_are_released_for_reads_and_decisions() {
 
 #[test]
 fn finished_ids_are_forgotten_after_finished_ttl() {
-    let s = Server::start_with_module_args(&[], &["test-clock", "yes", "finished-ttl", "1000"]);
+    let s = Server::start_with_module_args(
+        &[],
+        &[
+            "test-clock",
+            "yes",
+            "finished-ttl",
+            "1000",
+            "sweep-effort",
+            "0",
+        ],
+    );
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100", "AT", "0"]);
     ok(&mut c, &["QUOTA.RESERVE", "t", "10", "ID", "a", "AT", "0"]);

@@ -449,8 +449,9 @@ impl Model {
                 if ttl <= 0 {
                     return pred_err(ErrKind::Invalid);
                 }
+                // A deadline past the end of time is a bad TTL, not an amount overflow.
                 let Some(deadline) = now.checked_add(ttl) else {
-                    return pred_err(ErrKind::Overflow);
+                    return pred_err(ErrKind::Invalid);
                 };
                 self.unless_overflow(
                     used + phys + amount as i128,
@@ -526,7 +527,7 @@ impl Model {
                 match self.lstate(id, now) {
                     LState::Unknown => pred_err(ErrKind::NoReservation(id.clone())),
                     LState::Pending(_) => match now.checked_add(*ttl) {
-                        None => pred_err(ErrKind::Overflow),
+                        None => pred_err(ErrKind::Invalid),
                         Some(deadline) => Prediction {
                             reply: Reply::Extend(*ttl),
                             change: Change::Extend {
@@ -1842,7 +1843,16 @@ fn overflow_is_an_error_and_changes_nothing() {
     ];
     for cmd in &cmds {
         let (r, effects) = plan(&b, T0, &p, cmd);
-        assert_eq!(r, Reply::Err(ErrKind::Overflow), "{cmd:?}");
+        // A deadline past the end of time is reported as a bad TTL.
+        let want = match cmd {
+            Cmd::Extend { .. }
+            | Cmd::Reserve {
+                ttl: Some(i64::MAX),
+                ..
+            } => ErrKind::Invalid,
+            _ => ErrKind::Overflow,
+        };
+        assert_eq!(r, Reply::Err(want), "{cmd:?}");
         assert!(effects.is_empty());
     }
     assert_eq!(b, before);

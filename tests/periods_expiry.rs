@@ -14,8 +14,14 @@ use common::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// A server driven by `AT`. Unless `extra` sets `sweep-effort`, its sweeper is off: the
+/// sweeper judges expiry by the wall clock, far ahead of these AT times, and would race the
+/// commands under test.
 fn clock_server(extra: &[&str]) -> Server {
     let mut m = vec!["test-clock", "yes"];
+    if !extra.contains(&"sweep-effort") {
+        m.extend_from_slice(&["sweep-effort", "0"]);
+    }
     m.extend_from_slice(extra);
     Server::start_with_module_args(&[], &m)
 }
@@ -411,7 +417,7 @@ fn sweeper_releases_untouched_expired_reservations_and_replicates() {
 fn swept_and_unswept_expiry_decide_identically() {
     // The sweeper judges expiry by the wall clock, far ahead of these AT times: a long
     // finished-ttl keeps it from also forgetting ids the test clock still remembers.
-    let swept = clock_server(&["finished-ttl", "10000000000000"]);
+    let swept = clock_server(&["finished-ttl", "10000000000000", "sweep-effort", "1000"]);
     let unswept = clock_server(&["finished-ttl", "10000000000000", "sweep-effort", "0"]);
     let mut a = swept.conn();
     let mut b = unswept.conn();

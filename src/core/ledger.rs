@@ -624,7 +624,9 @@ impl Budget {
         if ttl <= 0 {
             return Err(LedgerError::Invalid("TTL must be positive"));
         }
-        let deadline_ms = add(now, ttl)?;
+        let deadline_ms = now.checked_add(ttl).ok_or(LedgerError::Invalid(
+            "TTL too large: the deadline would overflow",
+        ))?;
         let full = self.check_range(now, &view, 0, 0, amount)?;
         let id: Id = match id {
             Some(id) => id.into(),
@@ -749,7 +751,9 @@ impl Budget {
         match self.id_state(id, now, policy.keep_ms) {
             IdState::Unknown => Err(LedgerError::NoReservation { id: id.to_vec() }),
             IdState::Pending(_) => {
-                let deadline_ms = add(now, ttl_ms)?;
+                let deadline_ms = now.checked_add(ttl_ms).ok_or(LedgerError::Invalid(
+                    "ttl_ms too large: the deadline would overflow",
+                ))?;
                 let effects = self.with_upkeep(
                     now,
                     policy.keep_ms,

@@ -66,6 +66,12 @@ pub fn apply_and_propagate(
     let result = apply_tracked(ctx, key_name, budget, at, effects);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
+    // Lazy releases riding on this write (the sweeper counts its own).
+    let expired = applied
+        .iter()
+        .filter(|e| matches!(e, Effect::Release { .. }))
+        .count();
+    stats::add(&stats::EXPIRED, i64::try_from(expired).unwrap_or(0));
     match result.error {
         Some(e) => Err(e),
         None => Ok(result.applied),
@@ -86,11 +92,6 @@ pub fn apply_tracked(
     let result = apply_all(budget, at, effects);
     Counts::of(budget).record_since(&before);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
-    let expired = applied
-        .iter()
-        .filter(|e| matches!(e, Effect::Release { .. }))
-        .count();
-    stats::add(&stats::EXPIRED, i64::try_from(expired).unwrap_or(0));
     events::notify(ctx, key_name, applied, budget.view(at).available);
     sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
     result
@@ -215,6 +216,10 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
+    // A bad zone is an error even when NX or XX would leave the key alone.
+    if let Some(tz) = tz {
+        Period::new(PeriodKind::None, tz, None).map_err(period_err)?;
+    }
 
     // Another type at this key is refused here with WRONGTYPE.
     let exists = crate::shell::wrongtype(ctx.open_key(key_name).get_value::<Budget>(&BUDGET_TYPE))?

@@ -1,6 +1,6 @@
 //! `QUOTA.WINDOW key limit window_ms [COST n] [PRECISION ms] [PEEK] [AT ms]`: a sliding-window
 //! rate limit on an `rq-window` key → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
-//! Semantics are the core's ([`crate::core::window`]); docs/window.md is the user reference.
+//! Semantics are the core's ([`crate::core::window`]); docs/commands.md (QUOTA.WINDOW) is the user reference.
 //!
 //! A counting call decides on a read-only open ([`Window::check`]); only an admitted call
 //! reopens the key writable, applies [`Window::record`], moves the key's absolute expiry to
