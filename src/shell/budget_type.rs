@@ -131,9 +131,10 @@ unsafe extern "C" fn free(value: *mut c_void) {
     }
 }
 
+/// MEMORY USAGE: see [`crate::shell::memory::budget_bytes`].
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     match value.cast::<Budget>().as_ref() {
-        Some(b) => std::mem::size_of::<Budget>().saturating_add(b.book().heap_bytes()),
+        Some(b) => crate::shell::memory::budget_bytes(b),
         None => 0,
     }
 }

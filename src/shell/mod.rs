@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod effects;
 pub mod events;
+pub mod memory;
 pub mod persist;
 pub mod replicate;
 pub mod reply;

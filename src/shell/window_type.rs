@@ -99,10 +99,11 @@ unsafe extern "C" fn free(value: *mut c_void) {
     }
 }
 
-/// The struct plus its bucket storage: bounded by the bucket budget, whatever the traffic.
+/// The struct plus its bucket storage: bounded by the bucket budget, whatever the traffic (see
+/// [`crate::shell::memory::window_bytes`]).
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     match value.cast::<Window>().as_ref() {
-        Some(w) => std::mem::size_of::<Window>().saturating_add(w.heap_bytes()),
+        Some(w) => crate::shell::memory::window_bytes(w),
         None => 0,
     }
 }

@@ -1,0 +1,429 @@
+//! Resource caps (issue 6, item 5): one tenant cannot exhaust the server. Pending reservations
+//! per key, id length, PENDING's COUNT, the work one command and one sweeper tick may do,
+//! MEMORY USAGE that tells the truth for large keys, and `maxmemory` + `noeviction`.
+// Tests may panic: the no-panic lints guard the module code only.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// `INFO <section>` as integer fields.
+fn info_section(c: &mut redis::Connection, section: &str) -> BTreeMap<String, i64> {
+    let s: String = redis::cmd("INFO").arg(section).query(c).unwrap();
+    s.lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+fn stats(c: &mut redis::Connection) -> BTreeMap<String, i64> {
+    info_section(c, "quota")
+}
+
+fn used_memory(c: &mut redis::Connection) -> i64 {
+    info_section(c, "memory")["used_memory"]
+}
+
+/// Sends `n` commands built by `make` in pipelined batches; every reply must be a success.
+fn pipelined(c: &mut redis::Connection, n: usize, make: impl Fn(usize) -> Vec<String>) {
+    let mut i = 0;
+    while i < n {
+        let end = (i + 2000).min(n);
+        let mut pipe = redis::pipe();
+        for j in i..end {
+            let args = make(j);
+            let cmd = pipe.cmd(&args[0]);
+            for a in &args[1..] {
+                cmd.arg(a);
+            }
+        }
+        let replies: Vec<Value> = pipe
+            .query(c)
+            .unwrap_or_else(|e| panic!("batch at {i}: {e}"));
+        assert_eq!(replies.len(), end - i);
+        i = end;
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// A 36-byte id in increasing order, as a gateway with time-ordered ids (UUIDv7) would send.
+fn uuid(i: usize) -> String {
+    format!(
+        "{:08x}-7d3c-4b1e-9a2f-{:012x}",
+        i,
+        i.wrapping_mul(2_654_435_761)
+    )
+}
+
+/// A 36-byte id in scattered order, as a gateway with random ids (UUIDv4) would send.
+fn random_id(i: usize) -> String {
+    let h = (i as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(29);
+    format!("{:016x}-{:019x}", h, h.wrapping_mul(31) >> 1)
+}
+
+#[test]
+fn max_pending_per_key_answers_limit() {
+    let s = Server::start_with_module_args(&[], &["max-pending", "1000", "test-clock", "yes"]);
+    let mut c = s.conn();
+    // Created at AT 1000: a key's clock never goes back, so each call below runs at its AT.
+    let set = [
+        "QUOTA.SET",
+        "t",
+        "LIMIT",
+        "1000000",
+        "TTL",
+        "10000",
+        "AT",
+        "1000",
+    ];
+    ok(&mut c, &set);
+    pipelined(&mut c, 1000, |i| {
+        args(&[
+            "QUOTA.RESERVE",
+            "t",
+            "1",
+            "ID",
+            &format!("r{i}"),
+            "AT",
+            "1000",
+        ])
+    });
+    let (code, msg) = err(&mut c, &["QUOTA.RESERVE", "t", "1", "AT", "1000"]);
+    assert_eq!(code, "LIMIT");
+    assert!(msg.contains("max 1000"), "{msg}");
+    // Nothing was granted by the refusal; a retry of a pending id is still answered.
+    assert_eq!(info_at(&mut c, "t", 1000)["pending"], 1000);
+    let retry = ok(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "1", "ID", "r7", "AT", "1000"],
+    );
+    assert_eq!(text(&items(&retry)[1]), "r7");
+    // The cap is per key: another tenant is not affected.
+    ok(&mut c, &["QUOTA.SET", "u", "LIMIT", "10", "AT", "1000"]);
+    ok(&mut c, &["QUOTA.RESERVE", "u", "1", "AT", "1000"]);
+    // Finishing one frees a slot.
+    ok(&mut c, &["QUOTA.SETTLE", "t", "r0", "1", "AT", "1000"]);
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "1", "ID", "x", "AT", "1000"],
+    );
+    let again = ["QUOTA.RESERVE", "t", "1", "AT", "1000"];
+    assert_eq!(err(&mut c, &again).0, "LIMIT");
+    // Expired reservations do not count, whether or not they were released yet.
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "1", "ID", "y", "AT", "11001"],
+    );
+    // Lowering the cap below what a key holds refuses new reservations, keeps the old ones.
+    ok(&mut c, &["CONFIG", "SET", "quota.max-pending", "1"]);
+    let (code, _) = err(&mut c, &["QUOTA.RESERVE", "u", "1", "AT", "1000"]);
+    assert_eq!(code, "LIMIT");
+    assert_eq!(info_at(&mut c, "u", 1000)["pending"], 1);
+}
+
+#[test]
+fn ids_longer_than_max_id_length_are_refused_everywhere() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "1000"]);
+    let longest = "i".repeat(128);
+    let too_long = "i".repeat(129);
+    ok(&mut c, &["QUOTA.RESERVE", "t", "1", "ID", &longest]);
+    for cmd in [
+        vec!["QUOTA.RESERVE", "t", "1", "ID", &too_long],
+        vec!["QUOTA.CHARGE", "t", "1", "ID", &too_long],
+        vec!["QUOTA.SETTLE", "t", &too_long, "1"],
+        vec!["QUOTA.ROLLBACK", "t", &too_long],
+        vec!["QUOTA.EXTEND", "t", &too_long, "1000"],
+    ] {
+        let (code, msg) = err(&mut c, &cmd);
+        assert_eq!(code, "ERR", "{cmd:?}");
+        assert!(msg.contains("longer than 128 bytes"), "{msg}");
+    }
+    let i = info(&mut c, "t");
+    assert_eq!((i["pending"], i["used"], i["reserved"]), (1, 0, 1));
+    // The config is bounded too: at most 64 KiB.
+    let (code, _) = err(&mut c, &["CONFIG", "SET", "quota.max-id-length", "65537"]);
+    assert_eq!(code, "ERR");
+    ok(&mut c, &["CONFIG", "SET", "quota.max-id-length", "65536"]);
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "1", "ID", &"j".repeat(65536)],
+    );
+    let (code, _) = err(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "1", "ID", &"j".repeat(65537)],
+    );
+    assert_eq!(code, "ERR");
+}
+
+#[test]
+fn pending_returns_at_most_10000_entries() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "1000000"]);
+    pipelined(&mut c, 10_050, |_| args(&["QUOTA.RESERVE", "t", "1"]));
+    assert_eq!(info(&mut c, "t")["pending"], 10_050);
+    assert_eq!(items(&ok(&mut c, &["QUOTA.PENDING", "t"])).len(), 100);
+    let all = items(&ok(&mut c, &["QUOTA.PENDING", "t", "COUNT", "10000"]));
+    assert_eq!(all.len(), 10_000);
+    let (code, msg) = err(&mut c, &["QUOTA.PENDING", "t", "COUNT", "10001"]);
+    assert_eq!(code, "ERR");
+    assert!(msg.contains("between 0 and 10000"), "{msg}");
+}
+
+/// 100 000 expired reservations that nobody has released (sweeper off): each write releases
+/// at most one maintenance batch (64) of them, while every read and decision sees them all as
+/// released at once. Then the sweeper, turned on, releases at most `sweep-effort` per tick.
+#[test]
+fn work_per_command_and_per_sweeper_tick_is_bounded() {
+    const N: usize = 100_000;
+    const BATCH: i64 = 64;
+    let s = Server::start_with_module_args(&[], &["test-clock", "yes", "sweep-effort", "0"]);
+    let mut c = s.conn();
+    ok(
+        &mut c,
+        &["QUOTA.SET", "big", "LIMIT", "1000000000", "AT", "1000"],
+    );
+    pipelined(&mut c, N, |_| {
+        args(&["QUOTA.RESERVE", "big", "1", "TTL", "1000", "AT", "1000"])
+    });
+    let before = stats(&mut c);
+    assert_eq!(before["quota_pending_reservations"], N as i64);
+    // Reads see every one of them released, with nothing written.
+    let v = info_at(&mut c, "big", 5000);
+    assert_eq!((v["reserved"], v["pending"]), (0, 0));
+    assert_eq!(stats(&mut c)["quota_pending_reservations"], N as i64);
+
+    let mut pending = N as i64;
+    let mut expired = before["quota_expired"];
+    let mut slowest = Duration::ZERO;
+    for round in 0..20 {
+        let id = format!("n{round}");
+        let cmd = if round % 2 == 0 {
+            vec!["QUOTA.RESERVE", "big", "5", "ID", &id, "AT", "5000"]
+        } else {
+            vec!["QUOTA.CHARGE", "big", "5", "AT", "5000"]
+        };
+        let t = Instant::now();
+        ok(&mut c, &cmd);
+        slowest = slowest.max(t.elapsed());
+        let now = stats(&mut c);
+        let released = now["quota_expired"] - expired;
+        assert_eq!(
+            released, BATCH,
+            "round {round}: one write releases one batch"
+        );
+        let granted = i64::from(round % 2 == 0);
+        assert_eq!(now["quota_pending_reservations"], pending - BATCH + granted);
+        pending = now["quota_pending_reservations"];
+        expired = now["quota_expired"];
+    }
+    eprintln!("slowest write with ~100k unreleased expired reservations: {slowest:?}");
+    // Decisions were exact all along: only the 10 new reservations and 10 charges count.
+    let v = info_at(&mut c, "big", 5000);
+    assert_eq!((v["reserved"], v["used"], v["pending"]), (50, 50, 10));
+
+    // The sweeper, turned on: never more than sweep-effort releases per tick.
+    const EFFORT: i64 = 2000;
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "quota.sweep-effort", &EFFORT.to_string()],
+    );
+    let mut last = stats(&mut c);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut samples_with_releases = 0;
+    while last["quota_pending_reservations"] > 0 {
+        assert!(Instant::now() < deadline, "sweeper too slow: {last:?}");
+        std::thread::sleep(Duration::from_millis(20));
+        let now = stats(&mut c);
+        let runs = now["quota_sweeper_runs"] - last["quota_sweeper_runs"];
+        let released = now["quota_sweeper_released"] - last["quota_sweeper_released"];
+        assert!(
+            released <= EFFORT * runs,
+            "{released} released in {runs} ticks (effort {EFFORT})"
+        );
+        if released > 0 {
+            samples_with_releases += 1;
+        }
+        last = now;
+    }
+    // N / EFFORT = 50 ticks at least: the bound was checked on many samples.
+    assert!(
+        samples_with_releases >= 10,
+        "{samples_with_releases} samples"
+    );
+    assert_eq!(stats(&mut c)["quota_expired"], N as i64 + 10);
+}
+
+/// MEMORY USAGE of values against what deleting them gives back to the allocator. Measured on
+/// a fresh connection after closing `c`: the buffers of a pipelining client would otherwise be
+/// shrunk by Redis's client cron at any moment, moving `used_memory` by tens of KB.
+fn reported_and_freed(s: &Server, c: redis::Connection, keys: &[String]) -> (i64, i64) {
+    drop(c);
+    std::thread::sleep(Duration::from_millis(50));
+    let c = &mut s.conn();
+    let mut reported = 0;
+    for k in keys {
+        reported += int(&ok(c, &["MEMORY", "USAGE", k]));
+    }
+    let before = used_memory(c);
+    let mut del = redis::cmd("DEL");
+    for k in keys {
+        del.arg(k);
+    }
+    let n: i64 = del.query(c).unwrap();
+    assert_eq!(n, keys.len() as i64);
+    let after = used_memory(c);
+    (reported, before - after)
+}
+
+fn assert_within_10_percent(what: &str, reported: i64, freed: i64) {
+    let ratio = reported as f64 / freed as f64;
+    eprintln!("{what}: MEMORY USAGE {reported} B, freed by DEL {freed} B, ratio {ratio:.3}");
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "{what}: MEMORY USAGE {reported} vs real {freed} (ratio {ratio:.3})"
+    );
+}
+
+/// Budgets of 100 000 ids each — 50 000 pending reservations and 50 000 remembered finished
+/// ids, or all pending — with time-ordered, random and module-generated ids.
+#[test]
+fn memory_usage_of_large_budgets_is_within_10_percent() {
+    let s = Server::start(&[]);
+    type Case = (&'static str, fn(usize) -> String, bool);
+    let cases: [Case; 4] = [
+        ("quota:ordered", uuid, true),
+        ("quota:random", random_id, true),
+        ("quota:random-pending", random_id, false),
+        ("quota:generated", |_| String::new(), true),
+    ];
+    for (key, id, finish_half) in cases {
+        let mut c = s.conn();
+        ok(&mut c, &["QUOTA.SET", key, "LIMIT", "1000000000"]);
+        let ids: Vec<String> = if key == "quota:generated" {
+            let mut ids = Vec::new();
+            for _ in 0..50 {
+                let mut pipe = redis::pipe();
+                for _ in 0..2000 {
+                    pipe.cmd("QUOTA.RESERVE").arg(key).arg(7);
+                }
+                let replies: Vec<Value> = pipe.query(&mut c).unwrap();
+                ids.extend(replies.iter().map(|r| text(&items(r)[1])));
+            }
+            ids
+        } else {
+            pipelined(&mut c, 100_000, |i| {
+                args(&["QUOTA.RESERVE", key, "7", "ID", &id(i)])
+            });
+            (0..100_000).map(id).collect()
+        };
+        if finish_half {
+            // Every other one settled: finished ids interleave with pending ones.
+            pipelined(&mut c, 50_000, |i| {
+                args(&["QUOTA.SETTLE", key, &ids[2 * i], "5"])
+            });
+        }
+        let i = info(&mut c, key);
+        let want = if finish_half { 50_000 } else { 100_000 };
+        assert_eq!(i["pending"], want, "{key}");
+        let (reported, freed) = reported_and_freed(&s, c, &[key.to_string()]);
+        assert_within_10_percent(key, reported, freed);
+    }
+}
+
+#[test]
+fn memory_usage_of_full_windows_is_within_10_percent() {
+    let s = Server::start_with_module_args(&[], &["test-clock", "yes"]);
+    let mut c = s.conn();
+    // A time well in the future of the wall clock, so the keys do not expire meanwhile.
+    let t0: i64 = {
+        let (secs, _): (i64, i64) = redis::cmd("TIME").query(&mut c).unwrap();
+        (secs + 3600) * 1000
+    };
+    // 20 windows of 4096 buckets each: PRECISION 1, one call per ms over a 4096 ms window.
+    let keys: Vec<String> = (0..20).map(|k| format!("quota:w{k}")).collect();
+    for k in &keys {
+        pipelined(&mut c, 4096, |t| {
+            let at = (t0 + t as i64).to_string();
+            args(&[
+                "QUOTA.WINDOW",
+                k,
+                "1000000000",
+                "4096",
+                "PRECISION",
+                "1",
+                "AT",
+                &at,
+            ])
+        });
+    }
+    let (reported, freed) = reported_and_freed(&s, c, &keys);
+    assert_within_10_percent("20 windows x 4096 buckets", reported, freed);
+}
+
+/// With `maxmemory` reached and `noeviction`, the commands that may grow memory (flagged
+/// deny-oom) are refused with OOM; SETTLE and ROLLBACK (which free memory) still work.
+#[test]
+fn maxmemory_noeviction_refuses_growth_but_settles() {
+    let s = Server::start(&["--maxmemory-policy", "noeviction"]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "quota:t", "LIMIT", "1000000000"]);
+    ok(&mut c, &["QUOTA.RESERVE", "quota:t", "10", "ID", "a"]);
+    ok(&mut c, &["QUOTA.RESERVE", "quota:t", "10", "ID", "b"]);
+    // Fill up to a limit a little above what is used now.
+    let limit = used_memory(&mut c) + 2_000_000;
+    ok(&mut c, &["CONFIG", "SET", "maxmemory", &limit.to_string()]);
+    let mut granted = 0;
+    let oom = loop {
+        match q(
+            &mut c,
+            &["QUOTA.RESERVE", "quota:t", "1", "ID", &uuid(granted)],
+        ) {
+            Ok(_) => granted += 1,
+            Err(e) => break e,
+        }
+        assert!(granted < 1_000_000, "never reached maxmemory");
+    };
+    assert_eq!(oom.code(), Some("OOM"), "{oom}");
+    assert!(granted > 1000, "only {granted} reservations fit in 2 MB");
+    for cmd in [
+        vec!["QUOTA.RESERVE", "quota:t", "1"],
+        vec!["QUOTA.CHARGE", "quota:t", "1"],
+        vec!["QUOTA.SET", "quota:t", "LIMIT", "5"],
+        vec!["QUOTA.SET", "quota:new", "LIMIT", "5"],
+        vec!["QUOTA.WINDOW", "quota:rpm", "10", "60000"],
+    ] {
+        assert_eq!(err(&mut c, &cmd).0, "OOM", "{cmd:?}");
+    }
+    let before = info(&mut c, "quota:t");
+    let settled = items(&ok(&mut c, &["QUOTA.SETTLE", "quota:t", "a", "7"]));
+    assert_eq!(text(&settled[0]), "settled");
+    let rolled = items(&ok(&mut c, &["QUOTA.ROLLBACK", "quota:t", "b"]));
+    assert_eq!(text(&rolled[0]), "rolledback");
+    ok(&mut c, &["QUOTA.EXTEND", "quota:t", &uuid(0), "60000"]);
+    let after = info(&mut c, "quota:t");
+    assert_eq!(after["used"], before["used"] + 7);
+    assert_eq!(after["reserved"], before["reserved"] - 20);
+    // Reads work too, and the refused calls changed nothing.
+    assert_eq!(after["limit"], 1_000_000_000);
+    assert_eq!(ok(&mut c, &["QUOTA.INFO", "quota:new"]), Value::Nil);
+    assert_eq!(ok(&mut c, &["EXISTS", "quota:rpm"]), Value::Int(0));
+    // Room again: growth resumes.
+    ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    ok(&mut c, &["QUOTA.RESERVE", "quota:t", "1"]);
+}
