@@ -19,7 +19,12 @@
 pub mod core;
 pub mod shell;
 
-use redis_module::{configuration::ConfigurationFlags, redis_module, Context, RedisString, Status};
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+use redis_module::{
+    configuration::ConfigurationFlags, raw, redis_module, Context, NotifyEvent, RedisString, Status,
+};
 
 use shell::apply_cmds::{quota_apply, quota_load};
 use shell::budget_cmds::{
@@ -75,12 +80,64 @@ fn self_test_panic_hook() {
     redis_module::logging::log_notice("quota: panic hook installed (panic=abort build)");
 }
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+/// Keyspace hook (class generic) for the sweeper's index: `RENAME`, `MOVE`, `COPY`, `RESTORE`.
+extern "C" fn on_keyspace_event(
+    ctx: *mut raw::RedisModuleCtx,
+    event_type: c_int,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    if ctx.is_null() || event.is_null() || key.is_null() {
+        return raw::Status::Ok as c_int;
+    }
+    let context = Context::new(ctx);
+    // SAFETY: Redis passes a live NUL-terminated event name for the duration of the call.
+    let event = unsafe { CStr::from_ptr(event) };
+    if let Ok(event) = event.to_str() {
+        shell::sweeper::on_keyspace_event(
+            &context,
+            NotifyEvent::from_bits_truncate(event_type),
+            event,
+            RedisString::string_as_slice(key),
+        );
+    }
+    raw::Status::Ok as c_int
+}
+
+fn subscribe_keyspace_events(ctx: &Context) -> bool {
+    // SAFETY: a copy of a function pointer written once by RedisModule_Init.
+    let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToKeyspaceEvents }) else {
+        return false;
+    };
+    // SAFETY: a plain API call on the live load context with a callback that lives as long as
+    // the module.
+    let status = unsafe {
+        subscribe(
+            ctx.ctx,
+            NotifyEvent::GENERIC.bits(),
+            Some(on_keyspace_event),
+        )
+    };
+    status == raw::Status::Ok as c_int
+}
+
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    // First, before anything that a failed load could leave behind (a keyspace subscription or a
+    // timer calling into the unloaded library would crash Redis later).
+    let raw_args: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+    if let Err(e) = config::check_module_args(&raw_args) {
+        ctx.log_warning(&shell::log_safe(&format!("quota: not loaded: {e}")));
+        return Status::Err;
+    }
     install_panic_hook();
     // Without it a short read during RDB load is a server panic and replicas refuse diskless load.
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
+    if !subscribe_keyspace_events(ctx) {
+        ctx.log_warning("quota: not loaded: could not subscribe to keyspace events");
+        return Status::Err;
+    }
     shell::sweeper::start(ctx);
     Status::Ok
 }
@@ -91,30 +148,33 @@ redis_module! {
     allocator: (shell::alloc::QuotaAlloc, shell::alloc::QuotaAlloc),
     data_types: [BUDGET_TYPE, WINDOW_TYPE],
     init: init,
+    // 7th field: mandatory ACL categories, "" (a 7.0 server cannot set any and would refuse to
+    // load). 8th: categories applied on Redis 7.2+ only (on 7.0 module commands belong to no
+    // category: grant them by name, see docs/operations.md). The internal commands are @admin
+    // @dangerous so that no category rule meant for clients grants them.
     commands: [
-        ["QUOTA.SET", quota_set, "write deny-oom", 1, 1, 1, ""],
-        ["QUOTA.INFO", quota_info, "readonly fast", 1, 1, 1, ""],
-        ["QUOTA.RESERVE", quota_reserve, "write deny-oom fast", 1, 1, 1, ""],
-        ["QUOTA.SETTLE", quota_settle, "write fast", 1, 1, 1, ""],
-        ["QUOTA.ROLLBACK", quota_rollback, "write fast", 1, 1, 1, ""],
-        ["QUOTA.EXTEND", quota_extend, "write fast", 1, 1, 1, ""],
-        ["QUOTA.CHARGE", quota_charge, "write deny-oom fast", 1, 1, 1, ""],
-        ["QUOTA.PENDING", quota_pending, "readonly", 1, 1, 1, ""],
-        ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, ""],
-        ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, ""],
-        ["QUOTA.WINDOW", quota_window, "write deny-oom fast", 1, 1, 1, ""],
-        ["QUOTA.WAPPLY", quota_wapply, "write", 1, 1, 1, ""],
+        ["QUOTA.SET", quota_set, "write deny-oom", 1, 1, 1, "", "write slow"],
+        ["QUOTA.INFO", quota_info, "readonly fast", 1, 1, 1, "", "read fast"],
+        ["QUOTA.RESERVE", quota_reserve, "write deny-oom fast", 1, 1, 1, "", "write fast"],
+        ["QUOTA.SETTLE", quota_settle, "write fast", 1, 1, 1, "", "write fast"],
+        ["QUOTA.ROLLBACK", quota_rollback, "write fast", 1, 1, 1, "", "write fast"],
+        ["QUOTA.EXTEND", quota_extend, "write fast", 1, 1, 1, "", "write fast"],
+        ["QUOTA.CHARGE", quota_charge, "write deny-oom fast", 1, 1, 1, "", "write fast"],
+        ["QUOTA.PENDING", quota_pending, "readonly", 1, 1, 1, "", "read slow"],
+        ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, "", "write admin dangerous"],
+        ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, "", "write admin dangerous"],
+        ["QUOTA.WINDOW", quota_window, "write deny-oom fast", 1, 1, 1, "", "write fast"],
+        ["QUOTA.WAPPLY", quota_wapply, "write", 1, 1, 1, "", "write admin dangerous"],
     ],
-    event_handlers: [
-        [@GENERIC: shell::sweeper::on_keyspace_event],
-    ],
+    // Keyspace events are subscribed in `init`, after the arguments are checked: a subscription
+    // made by the macro would outlive a failed load and call into the unloaded library.
     configurations: [
         i64: [
-            ["default-ttl", &config::DEFAULT_TTL, 3_600_000, 1, i64::MAX, ConfigurationFlags::DEFAULT, None],
-            ["finished-ttl", &config::FINISHED_TTL, 3_600_000, 0, i64::MAX, ConfigurationFlags::DEFAULT, None],
-            ["max-pending", &config::MAX_PENDING, 1_000_000, 1, i64::MAX, ConfigurationFlags::DEFAULT, None],
-            ["max-id-length", &config::MAX_ID_LENGTH, 128, 1, 65_536, ConfigurationFlags::DEFAULT, None],
-            ["sweep-effort", &config::SWEEP_EFFORT, 1000, 0, 1_000_000, ConfigurationFlags::DEFAULT, None],
+            ["default-ttl", &config::DEFAULT_TTL, 3_600_000, config::DEFAULT_TTL_RANGE.0, config::DEFAULT_TTL_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["finished-ttl", &config::FINISHED_TTL, 3_600_000, config::FINISHED_TTL_RANGE.0, config::FINISHED_TTL_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["max-pending", &config::MAX_PENDING, 1_000_000, config::MAX_PENDING_RANGE.0, config::MAX_PENDING_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["max-id-length", &config::MAX_ID_LENGTH, 128, config::MAX_ID_LENGTH_RANGE.0, config::MAX_ID_LENGTH_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["sweep-effort", &config::SWEEP_EFFORT, 1000, config::SWEEP_EFFORT_RANGE.0, config::SWEEP_EFFORT_RANGE.1, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

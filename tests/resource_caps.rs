@@ -76,7 +76,18 @@ fn random_id(i: usize) -> String {
 
 #[test]
 fn max_pending_per_key_answers_limit() {
-    let s = Server::start_with_module_args(&[], &["max-pending", "1000", "test-clock", "yes"]);
+    // Sweeper off: it runs on the wall clock, far past these AT times.
+    let s = Server::start_with_module_args(
+        &[],
+        &[
+            "max-pending",
+            "1000",
+            "test-clock",
+            "yes",
+            "sweep-effort",
+            "0",
+        ],
+    );
     let mut c = s.conn();
     // Created at AT 1000: a key's clock never goes back, so each call below runs at its AT.
     let set = [
@@ -426,4 +437,169 @@ fn maxmemory_noeviction_refuses_growth_but_settles() {
     // Room again: growth resumes.
     ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
     ok(&mut c, &["QUOTA.RESERVE", "quota:t", "1"]);
+}
+
+/// A redis-server without the harness: `args` as given, in a fresh directory, listening on a unix
+/// socket only unless `args` sets a port. Killed on drop.
+struct Plain {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl Plain {
+    fn start(args: &[&str]) -> Plain {
+        let dir = std::env::temp_dir().join(format!(
+            "rq-caps-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", "0", "--save", "", "--dir"])
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .arg("--unixsocket")
+            .arg(dir.join("redis.sock"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Plain { child, dir }
+    }
+
+    /// Waits up to 10 s for the process to exit; true if it did.
+    fn exits(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Has the process exited already?
+    fn exits_now(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Plain {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `loadmodule` arguments cannot bypass the configs' bounds: Redis 7.0 takes them as defaults
+/// without checking, so the module itself refuses to load, and Redis exits at startup.
+#[test]
+fn loadmodule_arguments_outside_the_caps_refuse_to_load() {
+    let module = module_path().display().to_string();
+    for (args, reason) in [
+        (
+            &["max-id-length", "100000"][..],
+            "max-id-length must be an integer between 1 and 65536",
+        ),
+        (
+            &["max-id-length", "0"],
+            "max-id-length must be an integer between 1 and 65536",
+        ),
+        (
+            &["max-pending", "0"],
+            "max-pending must be an integer between 1 and",
+        ),
+        (
+            &["sweep-effort", "-5"],
+            "sweep-effort must be an integer between 0 and 1000000",
+        ),
+        (
+            &["finished-ttl", "-1"],
+            "finished-ttl must be an integer between 0 and",
+        ),
+        (&["test-clock", "maybe"], "test-clock must be 'yes' or 'no'"),
+        (&["sweep-efort", "5"], "unknown config 'sweep-efort'"),
+        (&["sweep-effort", "5", "sweep-effort", "6"], "given twice"),
+    ] {
+        let mut load = vec!["--loadmodule", module.as_str()];
+        load.extend_from_slice(args);
+        let mut p = Plain::start(&load);
+        assert!(p.exits(), "{args:?}: Redis kept running");
+        let log = p.log();
+        assert!(
+            log.contains(reason),
+            "{args:?}: log lacks {reason:?}:\n{log}"
+        );
+        assert!(log.contains("quota: not loaded"), "{log}");
+    }
+    // Values inside the bounds load and apply.
+    let s = Server::start_with_module_args(
+        &[],
+        &[
+            "max-id-length",
+            "65536",
+            "sweep-effort",
+            "0",
+            "max-pending",
+            "1",
+        ],
+    );
+    let mut c = s.conn();
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("quota.max-id-length")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v[1], "65536");
+}
+
+/// A `MODULE LOAD` refused for its arguments leaves nothing behind: no keyspace subscription or
+/// timer pointing into the unloaded library (which would crash Redis at the next RENAME).
+#[test]
+fn a_refused_module_load_leaves_redis_running() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let mut p = Plain::start(&["--port", &port, "--enable-module-command", "yes"]);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut c = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(c) = redis::Client::open(url.as_str()).unwrap().get_connection() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let module = module_path().display().to_string();
+    // Refused by the crate's parser (before the module's init), then by the module's check.
+    for bad in [["max-id-length", "abc"], ["max-id-length", "0"]] {
+        let (_, msg) = err(&mut c, &["MODULE", "LOAD", &module, bad[0], bad[1]]);
+        assert!(msg.contains("Error loading the extension"), "{msg}");
+        // Generic keyspace events and a few timer periods: Redis must still be there.
+        ok(&mut c, &["SET", "a", "1"]);
+        ok(&mut c, &["RENAME", "a", "b"]);
+        ok(&mut c, &["COPY", "b", "c"]);
+        std::thread::sleep(Duration::from_millis(200));
+        ok(&mut c, &["DEL", "b", "c"]);
+    }
+    assert!(!p.exits_now(), "Redis died:\n{}", p.log());
+    // And a good load still works afterwards.
+    ok(&mut c, &["MODULE", "LOAD", &module, "sweep-effort", "10"]);
+    ok(&mut c, &["QUOTA.SET", "quota:t", "LIMIT", "5"]);
+    ok(&mut c, &["RENAME", "quota:t", "quota:u"]);
+    assert_eq!(info(&mut c, "quota:u")["limit"], 5);
 }

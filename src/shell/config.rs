@@ -21,6 +21,69 @@ pub static SWEEP_EFFORT: AtomicI64 = AtomicI64::new(1000);
 /// `quota.test-clock`: when on, time-dependent commands accept `AT unix_ms`. Unsafe in production.
 pub static TEST_CLOCK: AtomicBool = AtomicBool::new(false);
 
+/// Ranges of the integer configs: their registration in `src/lib.rs` and the check of
+/// `loadmodule` arguments ([`check_module_args`]) use the same bounds.
+pub const DEFAULT_TTL_RANGE: (i64, i64) = (1, i64::MAX);
+pub const FINISHED_TTL_RANGE: (i64, i64) = (0, i64::MAX);
+pub const MAX_PENDING_RANGE: (i64, i64) = (1, i64::MAX);
+pub const MAX_ID_LENGTH_RANGE: (i64, i64) = (1, 65_536);
+pub const SWEEP_EFFORT_RANGE: (i64, i64) = (0, 1_000_000);
+
+/// Checks `loadmodule path name value ...` arguments. Redis 7.0 takes them as the configs'
+/// defaults without checking their bounds (`max-id-length 0` would refuse every id, a negative
+/// `sweep-effort` would silently stop the sweeper, `test-clock maybe` would read as `no`), so
+/// the module refuses to load instead: every argument must be a known config, once, with a
+/// value `CONFIG SET` would accept.
+pub fn check_module_args(args: &[&[u8]]) -> Result<(), String> {
+    let shown = crate::core::error::printable_id;
+    if args.len() % 2 != 0 {
+        return Err("module arguments must be pairs: name value ...".to_string());
+    }
+    let mut seen: Vec<&[u8]> = Vec::new();
+    for pair in args.chunks(2) {
+        let (Some(&name), Some(&value)) = (pair.first(), pair.get(1)) else {
+            continue;
+        };
+        if seen.contains(&name) {
+            return Err(format!("config '{}' given twice", shown(name)));
+        }
+        seen.push(name);
+        let range = match name {
+            b"default-ttl" => DEFAULT_TTL_RANGE,
+            b"finished-ttl" => FINISHED_TTL_RANGE,
+            b"max-pending" => MAX_PENDING_RANGE,
+            b"max-id-length" => MAX_ID_LENGTH_RANGE,
+            b"sweep-effort" => SWEEP_EFFORT_RANGE,
+            b"test-clock" => {
+                if value != b"yes" && value != b"no" {
+                    return Err(format!(
+                        "test-clock must be 'yes' or 'no', got '{}'",
+                        shown(value)
+                    ));
+                }
+                continue;
+            }
+            _ => return Err(format!("unknown config '{}'", shown(name))),
+        };
+        let n = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok());
+        match n {
+            Some(n) if n >= range.0 && n <= range.1 => {}
+            _ => {
+                return Err(format!(
+                    "{} must be an integer between {} and {}, got '{}'",
+                    shown(name),
+                    range.0,
+                    range.1,
+                    shown(value)
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The policy for one command, read from the configs.
 pub fn policy() -> Policy {
     Policy {
@@ -39,4 +102,58 @@ pub fn default_ttl() -> i64 {
 
 pub fn test_clock() -> bool {
     TEST_CLOCK.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(args: &[&str]) -> Result<(), String> {
+        let raw: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        check_module_args(&raw)
+    }
+
+    #[test]
+    fn module_args_are_checked_like_config_set() {
+        assert_eq!(check(&[]), Ok(()));
+        let good = [
+            "default-ttl",
+            "1",
+            "finished-ttl",
+            "0",
+            "max-pending",
+            "9223372036854775807",
+            "max-id-length",
+            "65536",
+            "sweep-effort",
+            "0",
+            "test-clock",
+            "yes",
+        ];
+        assert_eq!(check(&good), Ok(()));
+        for bad in [
+            &["max-id-length", "0"][..],
+            &["max-id-length", "65537"],
+            &["sweep-effort", "-1"],
+            &["sweep-effort", "1000001"],
+            &["max-pending", "0"],
+            &["default-ttl", "0"],
+            &["finished-ttl", "-1"],
+            &["default-ttl", "1e3"],
+            &["default-ttl", " 5"],
+            &["test-clock", "maybe"],
+            &["test-clock", "YES"],
+            &["sweep-efort", "5"],
+            &["quota.sweep-effort", "5"],
+            &["sweep-effort"],
+            &["sweep-effort", "5", "sweep-effort", "6"],
+        ] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
+        let msg = check(&["max-id-length", "0"]).unwrap_err();
+        assert_eq!(
+            msg,
+            "max-id-length must be an integer between 1 and 65536, got '0'"
+        );
+    }
 }
