@@ -26,15 +26,22 @@ pub fn alloc_size(n: usize) -> usize {
         return n.div_ceil(16).saturating_mul(16);
     }
     // n in (2^k, 2^(k+1)]: classes are spaced 2^(k-2) apart.
-    let k = usize::BITS.saturating_sub(n.saturating_sub(1).leading_zeros()).saturating_sub(1);
-    let step = 1usize.checked_shl(k.saturating_sub(2)).unwrap_or(usize::MAX);
+    let k = usize::BITS
+        .saturating_sub(n.saturating_sub(1).leading_zeros())
+        .saturating_sub(1);
+    let step = 1usize
+        .checked_shl(k.saturating_sub(2))
+        .unwrap_or(usize::MAX);
     n.div_ceil(step).saturating_mul(step)
 }
 
 /// Bytes of a Rust `BTreeMap<K, V>` leaf node: parent pointer, parent index and length, then
 /// room for 11 keys and 11 values, aligned to 8.
 fn btree_leaf(key: usize, value: usize) -> usize {
-    let raw = key.saturating_add(value).saturating_mul(11).saturating_add(12);
+    let raw = key
+        .saturating_add(value)
+        .saturating_mul(11)
+        .saturating_add(12);
     raw.div_ceil(8).saturating_mul(8)
 }
 
