@@ -1,11 +1,30 @@
 //! The reservation book of one budget: pending reservations and remembered finished ids, with
-//! the two orders the ledger needs (by id for lookups, by deadline for expiry, by finish time for
-//! forgetting). Storage only: the rules live in [`crate::core::ledger`].
+//! the orders the ledger needs (by id for lookups and persistence, by deadline for expiry, by
+//! finish time for forgetting). Storage only: the rules live in [`crate::core::ledger`].
 //!
-//! Every structure is a B-tree so iteration order (and therefore the persisted bytes and the
-//! digest) is deterministic and every operation is O(log n) in the key's entries.
+//! # Layout (why it is small)
+//!
+//! Each entry is stored once, packed, in one of two slabs addressed by `u32` handles: a pending
+//! reservation in 41 bytes (id up to 16 bytes inline, amount, created, deadline), a finished id
+//! in 33 bytes (id, outcome, value, finish time). Slabs grow in chunks of about 5 KiB (one
+//! jemalloc size class, no doubling slack) and stay dense: a removed entry's slot is refilled
+//! with the slab's last entry, whose handle is updated in the indexes (O(log n)).
+//!
+//! The three orders are [`HTree`]s of handles — B-trees that store 4-byte handles and compare
+//! through the slabs — so an index costs 4.5–6 bytes per entry instead of a copy of the id.
+//! Ids longer than 16 bytes live in a side store (one allocation each), referenced from the
+//! slot.
+//!
+//! Orders are exactly those of the former `BTreeMap<id, entry>` / `BTreeSet<(time, id)>`: ids
+//! compare as byte strings, times tie-break by id. So iteration order — and with it the
+//! persisted bytes, digests, replies and the order effects are planned in — is deterministic
+//! and the same on every server, whatever history built the slabs. Every operation is O(log n)
+//! in the key's entries.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Ordering;
+use std::fmt;
+
+use crate::core::htree::HTree;
 
 /// A reservation or charge id: 1..=max-id-length arbitrary bytes.
 pub type Id = Box<[u8]>;
@@ -44,6 +63,36 @@ impl Outcome {
             Outcome::Charged { .. } => "charged",
         }
     }
+
+    /// (kind code, value) as stored in a finished slot.
+    fn pack(&self) -> (u8, i64) {
+        match *self {
+            Outcome::Settled {
+                actual,
+                late: false,
+            } => (0, actual),
+            Outcome::Settled { actual, late: true } => (1, actual),
+            Outcome::RolledBack { amount } => (2, amount),
+            Outcome::Expired { amount } => (3, amount),
+            Outcome::Charged { amount } => (4, amount),
+        }
+    }
+
+    fn unpack(kind: u8, value: i64) -> Outcome {
+        match kind {
+            0 => Outcome::Settled {
+                actual: value,
+                late: false,
+            },
+            1 => Outcome::Settled {
+                actual: value,
+                late: true,
+            },
+            2 => Outcome::RolledBack { amount: value },
+            3 => Outcome::Expired { amount: value },
+            _ => Outcome::Charged { amount: value },
+        }
+    }
 }
 
 /// A remembered finished id.
@@ -55,19 +104,347 @@ pub struct Finished {
     pub finished_ms: i64,
 }
 
-/// One id's physical entry.
+/// One id's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
     Pending(Reservation),
     Finished(Finished),
 }
 
+/// Ids up to this many bytes are stored inline in their slot.
+const INLINE: usize = 16;
+/// Low bits of a slot's `meta`: the inline id's length, or [`LONG`].
+const LEN_MASK: u8 = 0x1f;
+/// `meta` length of an id kept in the side store; the slot's first 4 id bytes index it.
+const LONG: u8 = LEN_MASK;
+/// High bits of `meta` in a finished slot: the outcome kind.
+const KIND_SHIFT: u32 = 5;
+/// Handle bit marking a finished entry in the by-id index.
+const FINISHED: u32 = 1 << 31;
+/// Slots per slab chunk: 124 × 41 = 5084 and 155 × 33 = 5115 bytes, each within the 5120-byte
+/// jemalloc class.
+const PENDING_CHUNK: usize = 124;
+const FINISHED_CHUNK: usize = 155;
+/// Capacity of a slab's first chunk when it is created; it doubles up to the chunk size.
+const FIRST_CHUNK: usize = 4;
+
+/// A pending reservation, packed (41 bytes, no padding).
+#[derive(Clone, Copy, Debug)]
+struct PendingSlot {
+    id: [u8; INLINE],
+    meta: u8,
+    amount: [u8; 8],
+    created: [u8; 8],
+    deadline: [u8; 8],
+}
+
+/// A finished id, packed (33 bytes, no padding).
+#[derive(Clone, Copy, Debug)]
+struct FinishedSlot {
+    id: [u8; INLINE],
+    meta: u8,
+    value: [u8; 8],
+    finished: [u8; 8],
+}
+
+fn i64_of(b: [u8; 8]) -> i64 {
+    i64::from_le_bytes(b)
+}
+
+impl PendingSlot {
+    fn deadline(&self) -> i64 {
+        i64_of(self.deadline)
+    }
+
+    fn reservation(&self) -> Reservation {
+        Reservation {
+            amount: i64_of(self.amount),
+            created_ms: i64_of(self.created),
+            deadline_ms: self.deadline(),
+        }
+    }
+}
+
+impl FinishedSlot {
+    fn finished(&self) -> i64 {
+        i64_of(self.finished)
+    }
+
+    fn entry(&self) -> Finished {
+        Finished {
+            outcome: Outcome::unpack(self.meta >> KIND_SHIFT, i64_of(self.value)),
+            finished_ms: self.finished(),
+        }
+    }
+}
+
+/// Dense storage in fixed-size chunks; handles are positions.
+#[derive(Clone, Debug)]
+struct Slab<T, const CHUNK: usize> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T, const CHUNK: usize> Default for Slab<T, CHUNK> {
+    fn default() -> Self {
+        Slab {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T: Copy, const CHUNK: usize> Slab<T, CHUNK> {
+    fn at(h: usize) -> (usize, usize) {
+        // CHUNK is a non-zero constant: neither can fail.
+        (
+            h.checked_div(CHUNK).unwrap_or(0),
+            h.checked_rem(CHUNK).unwrap_or(0),
+        )
+    }
+
+    fn get(&self, h: u32) -> Option<&T> {
+        let (c, i) = Self::at(usize::try_from(h).ok()?);
+        self.chunks.get(c)?.get(i)
+    }
+
+    fn get_mut(&mut self, h: u32) -> Option<&mut T> {
+        let (c, i) = Self::at(usize::try_from(h).ok()?);
+        self.chunks.get_mut(c)?.get_mut(i)
+    }
+
+    /// Appends; `None` once 2^31 entries are held (the handle space).
+    fn push(&mut self, t: T) -> Option<u32> {
+        let h = u32::try_from(self.len).ok().filter(|h| h & FINISHED == 0)?;
+        let (c, _) = Self::at(self.len);
+        if c == self.chunks.len() {
+            let capacity = if c == 0 {
+                FIRST_CHUNK.min(CHUNK)
+            } else {
+                CHUNK
+            };
+            self.chunks.push(Vec::with_capacity(capacity));
+        }
+        let chunk = self.chunks.get_mut(c)?;
+        if chunk.len() == chunk.capacity() {
+            // Only the first chunk starts small: double it, up to the chunk size.
+            let room = CHUNK.saturating_sub(chunk.capacity());
+            chunk.reserve_exact(chunk.capacity().max(1).min(room).max(1));
+        }
+        chunk.push(t);
+        self.len = self.len.saturating_add(1);
+        Some(h)
+    }
+
+    /// Removes `h` by moving the last entry into its slot. Returns the removed entry.
+    fn swap_remove(&mut self, h: u32) -> Option<T> {
+        let last = self.len.checked_sub(1)?;
+        let last_h = u32::try_from(last).ok()?;
+        let removed = *self.get(h)?;
+        if h != last_h {
+            let moved = *self.get(last_h)?;
+            *self.get_mut(h)? = moved;
+        }
+        let (c, _) = Self::at(last);
+        let chunk = self.chunks.get_mut(c)?;
+        chunk.pop();
+        if chunk.is_empty() {
+            self.chunks.truncate(c);
+        } else if c == 0 && chunk.capacity() > FIRST_CHUNK && chunk.len() <= chunk.capacity() / 4 {
+            chunk.shrink_to(chunk.len().saturating_mul(2));
+        }
+        self.len = last;
+        if last == 0 {
+            self.chunks = Vec::new();
+        }
+        Some(removed)
+    }
+
+    fn last_handle(&self) -> Option<u32> {
+        u32::try_from(self.len.checked_sub(1)?).ok()
+    }
+
+    /// Calls `f(requested bytes)` for each allocation.
+    fn allocations(&self, f: &mut impl FnMut(usize, usize)) {
+        if self.chunks.capacity() > 0 {
+            f(
+                self.chunks
+                    .capacity()
+                    .saturating_mul(std::mem::size_of::<Vec<T>>()),
+                1,
+            );
+        }
+        for chunk in &self.chunks {
+            f(chunk.capacity().saturating_mul(std::mem::size_of::<T>()), 1);
+        }
+    }
+}
+
+/// Ids longer than [`INLINE`] bytes, one allocation each, at stable indexes.
+#[derive(Clone, Debug, Default)]
+struct LongIds {
+    slots: Vec<Option<Box<[u8]>>>,
+    free: Vec<u32>,
+}
+
+impl LongIds {
+    fn get(&self, i: u32) -> &[u8] {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .and_then(|s| s.as_deref())
+            .unwrap_or(&[])
+    }
+
+    fn add(&mut self, id: &[u8]) -> Option<u32> {
+        let boxed: Box<[u8]> = id.into();
+        if let Some(i) = self.free.pop() {
+            if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.slots.get_mut(i)) {
+                *slot = Some(boxed);
+                return Some(i);
+            }
+        }
+        let i = u32::try_from(self.slots.len()).ok()?;
+        self.slots.push(Some(boxed));
+        Some(i)
+    }
+
+    fn remove(&mut self, i: u32) {
+        if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.slots.get_mut(i)) {
+            if slot.take().is_some() {
+                self.free.push(i);
+            }
+        }
+        // Shrink once everything is free (the common end of a burst of long ids).
+        if self.free.len() == self.slots.len() {
+            self.slots = Vec::new();
+            self.free = Vec::new();
+        }
+    }
+
+    fn allocations(&self, f: &mut impl FnMut(usize, usize)) {
+        if self.slots.capacity() > 0 {
+            f(
+                self.slots
+                    .capacity()
+                    .saturating_mul(std::mem::size_of::<Option<Box<[u8]>>>()),
+                1,
+            );
+        }
+        if self.free.capacity() > 0 {
+            f(self.free.capacity().saturating_mul(4), 1);
+        }
+        for id in self.slots.iter().flatten() {
+            f(id.len(), 1);
+        }
+    }
+}
+
+/// The slabs: what the indexes' handles point into.
+#[derive(Clone, Debug, Default)]
+struct Store {
+    pending: Slab<PendingSlot, PENDING_CHUNK>,
+    finished: Slab<FinishedSlot, FINISHED_CHUNK>,
+    longs: LongIds,
+}
+
+impl Store {
+    fn id<'a>(&'a self, bytes: &'a [u8; INLINE], meta: u8) -> &'a [u8] {
+        let len = meta & LEN_MASK;
+        if len == LONG {
+            let mut index = [0u8; 4];
+            index.copy_from_slice(bytes.get(..4).unwrap_or(&[0; 4]));
+            self.longs.get(u32::from_le_bytes(index))
+        } else {
+            bytes.get(..usize::from(len)).unwrap_or(&[])
+        }
+    }
+
+    fn pending_slot(&self, h: u32) -> Option<&PendingSlot> {
+        self.pending.get(h)
+    }
+
+    fn finished_slot(&self, h: u32) -> Option<&FinishedSlot> {
+        self.finished.get(h)
+    }
+
+    fn pending_id(&self, h: u32) -> &[u8] {
+        self.pending_slot(h).map_or(&[], |s| self.id(&s.id, s.meta))
+    }
+
+    fn finished_id(&self, h: u32) -> &[u8] {
+        self.finished_slot(h)
+            .map_or(&[], |s| self.id(&s.id, s.meta))
+    }
+
+    /// The id of a by-id index handle.
+    fn any_id(&self, tagged: u32) -> &[u8] {
+        if tagged & FINISHED == 0 {
+            self.pending_id(tagged)
+        } else {
+            self.finished_id(tagged & !FINISHED)
+        }
+    }
+
+    fn entry(&self, tagged: u32) -> Option<Entry> {
+        if tagged & FINISHED == 0 {
+            self.pending_slot(tagged)
+                .map(|s| Entry::Pending(s.reservation()))
+        } else {
+            self.finished_slot(tagged & !FINISHED)
+                .map(|s| Entry::Finished(s.entry()))
+        }
+    }
+
+    /// Orders by deadline, then id.
+    fn pending_key(&self, h: u32) -> (i64, &[u8]) {
+        match self.pending_slot(h) {
+            Some(s) => (s.deadline(), self.id(&s.id, s.meta)),
+            None => (i64::MIN, &[]),
+        }
+    }
+
+    /// Orders by finish time, then id.
+    fn finished_key(&self, h: u32) -> (i64, &[u8]) {
+        match self.finished_slot(h) {
+            Some(s) => (s.finished(), self.id(&s.id, s.meta)),
+            None => (i64::MIN, &[]),
+        }
+    }
+
+    /// The inline bytes and meta length of `id`, storing it aside if it is long.
+    fn encode_id(&mut self, id: &[u8]) -> Option<([u8; INLINE], u8)> {
+        let mut bytes = [0u8; INLINE];
+        if let Some(dst) = bytes.get_mut(..id.len()) {
+            dst.copy_from_slice(id);
+            return Some((bytes, u8::try_from(id.len()).ok()?));
+        }
+        let index = self.longs.add(id)?;
+        if let Some(dst) = bytes.get_mut(..4) {
+            dst.copy_from_slice(&index.to_le_bytes());
+        }
+        Some((bytes, LONG))
+    }
+
+    fn release_id(&mut self, bytes: &[u8; INLINE], meta: u8) {
+        if meta & LEN_MASK == LONG {
+            let mut index = [0u8; 4];
+            index.copy_from_slice(bytes.get(..4).unwrap_or(&[0; 4]));
+            self.longs.remove(u32::from_le_bytes(index));
+        }
+    }
+}
+
 /// Pending reservations and finished ids of one key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct Book {
-    entries: BTreeMap<Id, Entry>,
-    by_deadline: BTreeSet<(i64, Id)>,
-    by_finish: BTreeSet<(i64, Id)>,
+    store: Store,
+    /// Every id: pending handles, and finished handles with [`FINISHED`] set.
+    by_id: HTree,
+    /// Pending handles by (deadline, id).
+    by_deadline: HTree,
+    /// Finished handles by (finished_ms, id).
+    by_finish: HTree,
 }
 
 impl Book {
@@ -81,80 +458,396 @@ impl Book {
         self.by_finish.len()
     }
 
-    pub fn get(&self, id: &[u8]) -> Option<&Entry> {
-        self.entries.get(id)
+    pub fn get(&self, id: &[u8]) -> Option<Entry> {
+        let store = &self.store;
+        let tagged = self.by_id.find(|h| id.cmp(store.any_id(h)))?;
+        store.entry(tagged)
     }
 
     /// Pending reservations, soonest deadline first, as `(deadline_ms, id)`.
-    pub fn by_deadline(&self) -> impl Iterator<Item = &(i64, Id)> {
-        self.by_deadline.iter()
+    pub fn by_deadline(&self) -> impl Iterator<Item = (i64, &[u8])> + '_ {
+        let store = &self.store;
+        self.by_deadline.iter().map(|h| store.pending_key(h))
+    }
+
+    /// Pending reservations, soonest deadline first.
+    pub fn pending(&self) -> impl Iterator<Item = (&[u8], Reservation)> + '_ {
+        let store = &self.store;
+        self.by_deadline
+            .iter()
+            .filter_map(|h| store.pending_slot(h).map(|s| (s, h)))
+            .map(|(s, h)| (store.pending_id(h), s.reservation()))
+    }
+
+    /// The soonest deadline of a pending reservation.
+    pub fn first_deadline(&self) -> Option<i64> {
+        let h = self.by_deadline.first()?;
+        self.store.pending_slot(h).map(PendingSlot::deadline)
+    }
+
+    /// The earliest finish time of a remembered id.
+    pub fn first_finish(&self) -> Option<i64> {
+        let h = self.by_finish.first()?;
+        self.store.finished_slot(h).map(FinishedSlot::finished)
     }
 
     /// Pending reservations with `deadline > after_ms`, soonest first.
-    pub fn live_after(&self, after_ms: i64) -> impl Iterator<Item = (&Id, &Reservation)> {
-        // Nothing can be live after the end of time (avoids a saturating off-by-one).
-        let start = after_ms.saturating_add(1);
-        let end_of_time = after_ms == i64::MAX;
+    pub fn live_after(&self, after_ms: i64) -> impl Iterator<Item = (&[u8], Reservation)> + '_ {
+        let store = &self.store;
         self.by_deadline
-            .range((start, Id::default())..)
-            .filter(move |_| !end_of_time)
-            .filter_map(|(_, id)| match self.entries.get(id) {
-                Some(Entry::Pending(r)) => Some((id, r)),
-                _ => None,
+            .iter_from(move |h| {
+                if after_ms < store.pending_key(h).0 {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                }
+            })
+            .filter_map(|h| {
+                store
+                    .pending_slot(h)
+                    .map(|s| (store.pending_id(h), s.reservation()))
             })
     }
 
     /// Finished ids, earliest finish first, as `(finished_ms, id)`.
-    pub fn by_finish(&self) -> impl Iterator<Item = &(i64, Id)> {
-        self.by_finish.iter()
+    pub fn by_finish(&self) -> impl Iterator<Item = (i64, &[u8])> + '_ {
+        let store = &self.store;
+        self.by_finish.iter().map(|h| store.finished_key(h))
     }
 
     /// All entries in id order (for persistence and digests).
-    pub fn entries(&self) -> impl Iterator<Item = (&Id, &Entry)> {
-        self.entries.iter()
+    pub fn entries(&self) -> impl Iterator<Item = (&[u8], Entry)> + '_ {
+        let store = &self.store;
+        self.by_id
+            .iter()
+            .filter_map(|h| store.entry(h).map(|e| (store.any_id(h), e)))
     }
 
     /// Inserts or replaces an entry, keeping the indexes in step.
-    pub fn put(&mut self, id: Id, entry: Entry) {
-        self.remove(&id);
+    pub fn put(&mut self, id: &[u8], entry: Entry) {
+        self.remove(id);
+        let Some((bytes, meta)) = self.store.encode_id(id) else {
+            return;
+        };
+        let store = &mut self.store;
         match entry {
             Entry::Pending(r) => {
-                self.by_deadline.insert((r.deadline_ms, id.clone()));
+                let slot = PendingSlot {
+                    id: bytes,
+                    meta,
+                    amount: r.amount.to_le_bytes(),
+                    created: r.created_ms.to_le_bytes(),
+                    deadline: r.deadline_ms.to_le_bytes(),
+                };
+                let Some(h) = store.pending.push(slot) else {
+                    store.release_id(&bytes, meta);
+                    return;
+                };
+                let store = &self.store;
+                let key = (r.deadline_ms, id);
+                self.by_deadline
+                    .insert(h, |x| key.cmp(&store.pending_key(x)));
+                self.by_id.insert(h, |x| id.cmp(store.any_id(x)));
             }
             Entry::Finished(f) => {
-                self.by_finish.insert((f.finished_ms, id.clone()));
+                let (kind, value) = f.outcome.pack();
+                let slot = FinishedSlot {
+                    id: bytes,
+                    meta: meta | (kind << KIND_SHIFT),
+                    value: value.to_le_bytes(),
+                    finished: f.finished_ms.to_le_bytes(),
+                };
+                let Some(h) = store.finished.push(slot) else {
+                    store.release_id(&bytes, meta);
+                    return;
+                };
+                let store = &self.store;
+                let key = (f.finished_ms, id);
+                self.by_finish
+                    .insert(h, |x| key.cmp(&store.finished_key(x)));
+                self.by_id.insert(h | FINISHED, |x| id.cmp(store.any_id(x)));
             }
         }
-        self.entries.insert(id, entry);
     }
 
     /// Removes an id, returning its entry.
     pub fn remove(&mut self, id: &[u8]) -> Option<Entry> {
-        let (key, entry) = self.entries.remove_entry(id)?;
-        match entry {
-            Entry::Pending(r) => {
-                self.by_deadline.remove(&(r.deadline_ms, key));
+        let store = &self.store;
+        let tagged = self.by_id.remove(|h| id.cmp(store.any_id(h)))?;
+        let entry = store.entry(tagged);
+        if tagged & FINISHED == 0 {
+            let h = tagged;
+            let key = store.pending_key(h);
+            self.by_deadline.remove(|x| key.cmp(&store.pending_key(x)));
+            // The last slot moves into `h`: point its index entries at `h` first.
+            if let Some(last) = store.pending.last_handle().filter(|&l| l != h) {
+                let moved = store.pending_key(last);
+                self.by_deadline
+                    .replace(|x| moved.cmp(&store.pending_key(x)), h);
+                self.by_id.replace(|x| moved.1.cmp(store.any_id(x)), h);
             }
-            Entry::Finished(f) => {
-                self.by_finish.remove(&(f.finished_ms, key));
+            if let Some(slot) = self.store.pending.swap_remove(h) {
+                self.store.release_id(&slot.id, slot.meta);
+            }
+        } else {
+            let h = tagged & !FINISHED;
+            let key = store.finished_key(h);
+            self.by_finish.remove(|x| key.cmp(&store.finished_key(x)));
+            if let Some(last) = store.finished.last_handle().filter(|&l| l != h) {
+                let moved = store.finished_key(last);
+                self.by_finish
+                    .replace(|x| moved.cmp(&store.finished_key(x)), h);
+                self.by_id
+                    .replace(|x| moved.1.cmp(store.any_id(x)), h | FINISHED);
+            }
+            if let Some(slot) = self.store.finished.swap_remove(h) {
+                self.store.release_id(&slot.id, slot.meta);
             }
         }
-        Some(entry)
+        entry
     }
 
-    /// Approximate heap bytes (for MEMORY USAGE): per entry the map slot, the index slot and the
-    /// boxed id twice, plus B-tree node slack.
-    pub fn heap_bytes(&self) -> usize {
-        const SLOT: usize = std::mem::size_of::<Id>() + std::mem::size_of::<Entry>();
-        const INDEX: usize = std::mem::size_of::<(i64, Id)>();
-        let mut ids = 0usize;
-        for id in self.entries.keys() {
-            // Allocators round small blocks up to 8/16 bytes.
-            ids = ids.saturating_add(id.len().max(8).next_multiple_of(8));
+    /// Calls `f(requested bytes, count)` for every heap allocation the book holds, so that
+    /// MEMORY USAGE can round each to the allocator's size classes.
+    pub fn allocations(&self, mut f: impl FnMut(usize, usize)) {
+        self.store.pending.allocations(&mut f);
+        self.store.finished.allocations(&mut f);
+        self.store.longs.allocations(&mut f);
+        for tree in [&self.by_id, &self.by_deadline, &self.by_finish] {
+            tree.allocations(&mut f);
         }
-        let per = SLOT.saturating_add(INDEX);
-        // B-tree leaves are ~2/3 full on average.
-        let slots = self.entries.len().saturating_mul(per).saturating_mul(3) / 2;
-        slots.saturating_add(ids.saturating_mul(2))
+    }
+
+    /// Requested heap bytes (before allocator rounding).
+    pub fn heap_bytes(&self) -> usize {
+        let mut total = 0usize;
+        self.allocations(|bytes, count| {
+            total = total.saturating_add(bytes.saturating_mul(count));
+        });
+        total
+    }
+
+    /// Checks the indexes against the slabs; for tests.
+    pub fn check(&self) -> Result<(), &'static str> {
+        let store = &self.store;
+        self.by_id
+            .check(|a, b| store.any_id(a).cmp(store.any_id(b)))?;
+        self.by_deadline
+            .check(|a, b| store.pending_key(a).cmp(&store.pending_key(b)))?;
+        self.by_finish
+            .check(|a, b| store.finished_key(a).cmp(&store.finished_key(b)))?;
+        if self.by_deadline.len() != store.pending.len
+            || self.by_finish.len() != store.finished.len
+            || self.by_id.len() != store.pending.len.saturating_add(store.finished.len)
+        {
+            return Err("index and slab sizes differ");
+        }
+        Ok(())
+    }
+}
+
+/// Equal when they hold the same entries (however the slabs are laid out).
+impl PartialEq for Book {
+    fn eq(&self, other: &Self) -> bool {
+        self.by_id.len() == other.by_id.len() && self.entries().eq(other.entries())
+    }
+}
+
+impl Eq for Book {}
+
+impl fmt::Debug for Book {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.entries()
+                    .map(|(id, e)| (String::from_utf8_lossy(id), e)),
+            )
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn pending(amount: i64, created_ms: i64, deadline_ms: i64) -> Entry {
+        Entry::Pending(Reservation {
+            amount,
+            created_ms,
+            deadline_ms,
+        })
+    }
+
+    fn finished(kind: u8, value: i64, at: i64) -> Entry {
+        Entry::Finished(Finished {
+            outcome: Outcome::unpack(kind % 5, value),
+            finished_ms: at,
+        })
+    }
+
+    #[test]
+    fn slots_are_packed() {
+        assert_eq!(std::mem::size_of::<PendingSlot>(), 41);
+        assert_eq!(std::mem::size_of::<FinishedSlot>(), 33);
+        assert_eq!(crate::core::htree::LEAF_BYTES, 128);
+    }
+
+    #[test]
+    fn outcomes_round_trip() {
+        for o in [
+            Outcome::Settled {
+                actual: -3,
+                late: false,
+            },
+            Outcome::Settled {
+                actual: i64::MAX,
+                late: true,
+            },
+            Outcome::RolledBack { amount: 7 },
+            Outcome::Expired { amount: 0 },
+            Outcome::Charged { amount: i64::MIN },
+        ] {
+            let (k, v) = o.pack();
+            assert_eq!(Outcome::unpack(k, v), o);
+        }
+    }
+
+    /// Reference: the former layout.
+    #[derive(Default)]
+    struct Model {
+        entries: BTreeMap<Vec<u8>, Entry>,
+    }
+
+    impl Model {
+        fn by_deadline(&self) -> Vec<(i64, Vec<u8>)> {
+            let mut v: Vec<(i64, Vec<u8>)> = self
+                .entries
+                .iter()
+                .filter_map(|(id, e)| match e {
+                    Entry::Pending(r) => Some((r.deadline_ms, id.clone())),
+                    _ => None,
+                })
+                .collect();
+            v.sort();
+            v
+        }
+
+        fn by_finish(&self) -> Vec<(i64, Vec<u8>)> {
+            let mut v: Vec<(i64, Vec<u8>)> = self
+                .entries
+                .iter()
+                .filter_map(|(id, e)| match e {
+                    Entry::Finished(f) => Some((f.finished_ms, id.clone())),
+                    _ => None,
+                })
+                .collect();
+            v.sort();
+            v
+        }
+    }
+
+    fn same(book: &Book, model: &Model) {
+        book.check().unwrap();
+        let got: Vec<(Vec<u8>, Entry)> = book.entries().map(|(i, e)| (i.to_vec(), e)).collect();
+        let want: Vec<(Vec<u8>, Entry)> =
+            model.entries.iter().map(|(i, e)| (i.clone(), *e)).collect();
+        assert_eq!(got, want);
+        let got: Vec<(i64, Vec<u8>)> = book.by_deadline().map(|(d, i)| (d, i.to_vec())).collect();
+        assert_eq!(got, model.by_deadline());
+        let got: Vec<(i64, Vec<u8>)> = book.by_finish().map(|(d, i)| (d, i.to_vec())).collect();
+        assert_eq!(got, model.by_finish());
+        assert_eq!(
+            book.first_deadline(),
+            model.by_deadline().first().map(|x| x.0)
+        );
+        assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
+        for (id, e) in &model.entries {
+            assert_eq!(book.get(id), Some(*e));
+        }
+        let n = model.entries.len();
+        assert_eq!(book.pending_len() + book.finished_len(), n);
+    }
+
+    fn id_strategy() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(0u8..4, 1..4),
+            proptest::collection::vec(any::<u8>(), 1..40),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        #[test]
+        fn matches_the_btreemap_layout(ops in proptest::collection::vec(
+            (0u8..5, id_strategy(), -5i64..5, any::<i64>(), 0u8..5), 1..400)) {
+            let mut book = Book::default();
+            let mut model = Model::default();
+            for (op, id, t, v, kind) in ops {
+                match op {
+                    0 | 1 => {
+                        let e = pending(v, t.wrapping_sub(1), t);
+                        book.put(&id, e);
+                        model.entries.insert(id, e);
+                    }
+                    2 | 3 => {
+                        let e = finished(kind, v, t);
+                        book.put(&id, e);
+                        model.entries.insert(id, e);
+                    }
+                    _ => {
+                        prop_assert_eq!(book.remove(&id), model.entries.remove(&id));
+                    }
+                }
+            }
+            same(&book, &model);
+            for after in -6..6 {
+                let got: Vec<Vec<u8>> = book.live_after(after).map(|(i, _)| i.to_vec()).collect();
+                let want: Vec<Vec<u8>> = model
+                    .by_deadline()
+                    .into_iter()
+                    .filter(|(d, _)| *d > after)
+                    .map(|(_, i)| i)
+                    .collect();
+                prop_assert_eq!(got, want);
+            }
+            let copy = book.clone();
+            prop_assert_eq!(&copy, &book);
+            let ids: Vec<Vec<u8>> = model.entries.keys().cloned().collect();
+            for id in ids {
+                prop_assert_eq!(book.remove(&id), model.entries.remove(&id));
+            }
+            same(&book, &model);
+            prop_assert_eq!(book.heap_bytes(), 0);
+        }
+    }
+
+    #[test]
+    fn bulk_settle_keeps_everything_consistent() {
+        let mut book = Book::default();
+        let mut model = Model::default();
+        for i in 0..3000i64 {
+            let id = format!("id-{i:013}").into_bytes();
+            let e = pending(1, i, 1000 + i % 17);
+            book.put(&id, e);
+            model.entries.insert(id, e);
+        }
+        same(&book, &model);
+        for i in (0..3000i64).rev().step_by(2) {
+            let id = format!("id-{i:013}").into_bytes();
+            let e = finished(0, 1, 5000 + i);
+            book.put(&id, e);
+            model.entries.insert(id, e);
+        }
+        same(&book, &model);
+        assert!(book.live_after(1008).all(|(_, r)| r.deadline_ms > 1008));
+        let long = vec![7u8; 100];
+        book.put(&long, pending(5, 1, 2));
+        model.entries.insert(long.clone(), pending(5, 1, 2));
+        same(&book, &model);
+        assert_eq!(book.remove(&long), Some(pending(5, 1, 2)));
+        model.entries.remove(&long);
+        same(&book, &model);
     }
 }

@@ -284,15 +284,13 @@ impl Budget {
     fn unreleased_expired(&self, now: i64) -> (i64, i64) {
         let mut sum = 0i64;
         let mut count = 0i64;
-        for (deadline, id) in self.book.by_deadline() {
-            if *deadline > now {
+        for (_, r) in self.book.pending() {
+            if r.deadline_ms > now {
                 break;
             }
-            if let Some(Entry::Pending(r)) = self.book.get(id) {
-                // Bounded by `reserved`, which is a valid i64.
-                sum = sum.saturating_add(r.amount);
-                count = count.saturating_add(1);
-            }
+            // Bounded by `reserved`, which is a valid i64.
+            sum = sum.saturating_add(r.amount);
+            count = count.saturating_add(1);
         }
         (sum, count)
     }
@@ -331,7 +329,7 @@ impl Budget {
             None => IdState::Unknown,
             Some(Entry::Pending(r)) => {
                 if now < r.deadline_ms {
-                    IdState::Pending(*r)
+                    IdState::Pending(r)
                 } else if now >= r.deadline_ms.saturating_add(keep_ms) {
                     IdState::Unknown
                 } else {
@@ -391,12 +389,8 @@ impl Budget {
     /// When this key next has cleanup due: the soonest deadline, or the soonest time a
     /// finished id is to be forgotten. `None` if nothing is pending or remembered.
     pub fn next_due(&self, keep_ms: i64) -> Option<i64> {
-        let deadline = self.book.by_deadline().next().map(|(d, _)| *d);
-        let forget = self
-            .book
-            .by_finish()
-            .next()
-            .map(|(f, _)| f.saturating_add(keep_ms));
+        let deadline = self.book.first_deadline();
+        let forget = self.book.first_finish().map(|f| f.saturating_add(keep_ms));
         match (deadline, forget) {
             (Some(d), Some(f)) => Some(d.min(f)),
             (d, f) => d.or(f),
@@ -406,25 +400,25 @@ impl Budget {
     fn cleanup(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>, max: usize) -> Vec<Effect> {
         let mut effects = Vec::new();
         for (deadline, id) in self.book.by_deadline().take(max) {
-            if *deadline > now {
+            if deadline > now {
                 break;
             }
-            if skip == Some(&id[..]) {
+            if skip == Some(id) {
                 continue;
             }
-            effects.push(Effect::Release { id: id.clone() });
+            effects.push(Effect::Release { id: id.into() });
             if now >= deadline.saturating_add(keep_ms) {
-                effects.push(Effect::Forget { id: id.clone() });
+                effects.push(Effect::Forget { id: id.into() });
             }
         }
         for (finished, id) in self.book.by_finish().take(max) {
             if now < finished.saturating_add(keep_ms) {
                 break;
             }
-            if skip == Some(&id[..]) {
+            if skip == Some(id) {
                 continue;
             }
-            effects.push(Effect::Forget { id: id.clone() });
+            effects.push(Effect::Forget { id: id.into() });
         }
         effects
     }
@@ -846,7 +840,7 @@ impl Budget {
             .take(count)
             .map(|(id, r)| {
                 (
-                    id.clone(),
+                    id.into(),
                     r.amount,
                     now.saturating_sub(r.created_ms).max(0),
                     r.deadline_ms.saturating_sub(now),
@@ -908,7 +902,7 @@ impl Budget {
                 self.reserved = reserved;
                 self.see_id(id, at);
                 self.book.put(
-                    id.clone(),
+                    id,
                     Entry::Pending(Reservation {
                         amount: *amount,
                         created_ms: at,
@@ -943,7 +937,7 @@ impl Budget {
                     Some(Entry::Finished(Finished {
                         outcome: Outcome::Expired { amount },
                         ..
-                    })) => *amount,
+                    })) => amount,
                     _ => return Err(LedgerError::BadEffect("late settle of a non-expired id")),
                 };
                 if *actual < 0 {
@@ -978,7 +972,7 @@ impl Budget {
             Effect::Extend { id, deadline_ms } => {
                 let mut r = self.pending_entry(id)?;
                 r.deadline_ms = *deadline_ms;
-                self.book.put(id.clone(), Entry::Pending(r));
+                self.book.put(id, Entry::Pending(r));
             }
             Effect::Charge {
                 amount,
@@ -1033,21 +1027,21 @@ impl Budget {
     /// The physical pending reservation `id`, expired or not.
     pub fn pending_reservation(&self, id: &[u8]) -> Option<Reservation> {
         match self.book.get(id) {
-            Some(Entry::Pending(r)) => Some(*r),
+            Some(Entry::Pending(r)) => Some(r),
             _ => None,
         }
     }
 
     fn pending_entry(&self, id: &[u8]) -> Result<Reservation, LedgerError> {
         match self.book.get(id) {
-            Some(Entry::Pending(r)) => Ok(*r),
+            Some(Entry::Pending(r)) => Ok(r),
             _ => Err(LedgerError::BadEffect("id is not pending")),
         }
     }
 
     fn finish(&mut self, id: &Id, outcome: Outcome, finished_ms: i64) {
         self.book.put(
-            id.clone(),
+            id,
             Entry::Finished(Finished {
                 outcome,
                 finished_ms,

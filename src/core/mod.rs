@@ -6,6 +6,7 @@
 
 pub mod book;
 pub mod error;
+pub mod htree;
 pub mod id;
 pub mod ledger;
 pub mod period;

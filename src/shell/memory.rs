@@ -9,7 +9,6 @@
 
 use std::mem::size_of;
 
-use crate::core::book::{Entry, Id};
 use crate::core::ledger::Budget;
 use crate::core::window::Window;
 
@@ -35,49 +34,17 @@ pub fn alloc_size(n: usize) -> usize {
     n.div_ceil(step).saturating_mul(step)
 }
 
-/// Bytes of a Rust `BTreeMap<K, V>` leaf node: parent pointer, parent index and length, then
-/// room for 11 keys and 11 values, aligned to 8.
-fn btree_leaf(key: usize, value: usize) -> usize {
-    let raw = key
-        .saturating_add(value)
-        .saturating_mul(11)
-        .saturating_add(12);
-    raw.div_ceil(8).saturating_mul(8)
-}
-
-/// Node bytes of a B-tree of `n` elements whose leaves take `leaf` bytes. One leaf up to 11
-/// elements; beyond, leaves are filled to between 6/11 (sorted inserts) and about 2/3 (random
-/// inserts): 6.5 elements per leaf, internal nodes included, measured within a few percent
-/// against Redis's own accounting for both patterns.
-fn btree_nodes(n: usize, leaf: usize) -> usize {
-    let leaf = alloc_size(leaf);
-    match n {
-        0 => 0,
-        1..=11 => leaf,
-        _ => n.saturating_mul(leaf).saturating_mul(2) / 13,
-    }
-}
-
-/// MEMORY USAGE of a budget: the boxed struct, its time-zone name, and the reservation book —
-/// one `id → entry` map holding every id, a `(deadline, id)` index of pending reservations and a
-/// `(finished, id)` index of finished ids; each id is allocated twice (map key and index key).
+/// MEMORY USAGE of a budget: the boxed struct, its time-zone name, and every allocation of the
+/// reservation book ([`crate::core::book::Book::allocations`]: slab chunks, index nodes, long
+/// ids), each rounded up to its size class.
 pub fn budget_bytes(b: &Budget) -> usize {
-    let book = b.book();
-    let mut ids = 0usize;
-    for (id, _) in book.entries() {
-        ids = ids.saturating_add(alloc_size(id.len()).saturating_mul(2));
-    }
-    let all = book.pending_len().saturating_add(book.finished_len());
-    let map = btree_nodes(all, btree_leaf(size_of::<Id>(), size_of::<Entry>()));
-    let index_leaf = btree_leaf(size_of::<(i64, Id)>(), 0);
-    let by_deadline = btree_nodes(book.pending_len(), index_leaf);
-    let by_finish = btree_nodes(book.finished_len(), index_leaf);
+    let mut book = 0usize;
+    b.book().allocations(|bytes, count| {
+        book = book.saturating_add(alloc_size(bytes).saturating_mul(count));
+    });
     alloc_size(size_of::<Budget>())
         .saturating_add(alloc_size(b.period().tz.len()))
-        .saturating_add(ids)
-        .saturating_add(map)
-        .saturating_add(by_deadline)
-        .saturating_add(by_finish)
+        .saturating_add(book)
 }
 
 /// MEMORY USAGE of a window: the boxed struct and its bucket storage, two arrays of the same
@@ -118,11 +85,5 @@ mod tests {
         for (n, class) in cases {
             assert_eq!(alloc_size(n), class, "{n}");
         }
-    }
-
-    #[test]
-    fn btree_leaf_layout() {
-        assert_eq!(btree_leaf(16, 32), 544);
-        assert_eq!(btree_leaf(24, 0), 280);
     }
 }

@@ -120,7 +120,7 @@ fn from_v1(
             return Err(DecodeError::Invalid("empty or repeated id".into()));
         }
         book.put(
-            id.into_boxed_slice(),
+            &id,
             Entry::Pending(Reservation {
                 amount,
                 created_ms,
@@ -139,7 +139,7 @@ fn from_v1(
             OutcomeV1::Charged { amount } => Outcome::Charged { amount },
         };
         book.put(
-            id.into_boxed_slice(),
+            &id,
             Entry::Finished(Finished {
                 outcome,
                 finished_ms,
