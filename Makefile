@@ -48,6 +48,28 @@ demo: release
 bench: release
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) BENCH_QUICK=$(QUICK) $(CARGO) run --release --example bench
 
+## fuzz: the decoder properties (tests/fuzz_decoders.rs: RDB/RESTORE decoders, QUOTA.APPLY
+## tokens) with PROPTEST_CASES=$(FUZZ_CASES), for FUZZ_SECONDS (default 60) shared among them,
+## then the live fuzz (tests/fuzz_live.rs) for FUZZ_SECONDS more, with FUZZ_SEED (default: from
+## the clock; printed, to replay a failure). A failure found in time is always shrunk and
+## reported; `timeout` only stops a run that hangs. (cargo-fuzz would need a nightly toolchain.)
+FUZZ_SECONDS ?= 60
+FUZZ_CASES   ?= 200000
+fuzz: build
+	$(CARGO) test --test fuzz_decoders --test fuzz_live --no-run
+	PROPTEST_CASES=$(FUZZ_CASES) FUZZ_SECONDS=$(FUZZ_SECONDS) timeout $$(( $(FUZZ_SECONDS) + 300 )) \
+	  $(CARGO) test --test fuzz_decoders -- --test-threads=1 --nocapture
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_LINES=1000000000 \
+	  FUZZ_SEED=$${FUZZ_SEED:-$$(date +%s)} timeout $$(( $(FUZZ_SECONDS) + 300 )) \
+	  $(CARGO) test --test fuzz_live -- --nocapture
+
+## soak: master + replica + AOF under a mixed workload for SOAK_MINUTES (default 10), with
+## BGREWRITEAOF/BGSAVE, digest comparisons and invariant checks (examples/soak.rs). Not in CI.
+SOAK_MINUTES ?= 10
+soak: release
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) SOAK_MINUTES=$(SOAK_MINUTES) \
+	  $(CARGO) run --release --example soak
+
 ## lint: formatting and clippy, warnings are errors.
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -83,3 +83,194 @@ fn budget_encoding_v1_still_loads() {
     ));
     assert_eq!((text(&r[0]), int(&r[2])), ("settled".into(), 722));
 }
+
+/// Every QUOTA.INFO field, integers and strings alike, in reply order.
+fn info_fields(c: &mut redis::Connection, key: &str, at: &str) -> Vec<(String, String)> {
+    let v = ok(c, &["QUOTA.INFO", key, "AT", at]);
+    items(&v)
+        .chunks(2)
+        .map(|p| {
+            let v = match &p[1] {
+                Value::Int(n) => n.to_string(),
+                other => text(other),
+            };
+            (text(&p[0]), v)
+        })
+        .collect()
+}
+
+fn pairs(want: &[(&str, &str)]) -> Vec<(String, String)> {
+    want.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// budget-v2-window-v1.rdb: budget encoding 2 (with a calendar period) and window encoding 1,
+/// written by a debug build at commit 99f0858 with `quota.test-clock yes`. Times are in the
+/// year 2100 (T = 4102444800000, 2100-01-01T00:00Z) so the window key's absolute expiry is still
+/// in the future when the file loads (an expired key would be skipped). Made with:
+///
+/// ```text
+/// redis-server --port 6391 --dir DIR --save '' --loadmodule libredis_quota.so test-clock yes
+/// redis-cli -p 6391 <<EOF
+/// QUOTA.SET golden LIMIT 1000 OVERDRAFT 10 MAXRESERVE 500 TTL 60000 PERIOD DAY TZ Europe/Paris AT T
+/// QUOTA.RESERVE golden 100 ID a AT T+1
+/// QUOTA.RESERVE golden 200 AT T+2                      # id T+2-0
+/// QUOTA.RESERVE golden 50 ID b TTL 1000 AT T+3
+/// QUOTA.SETTLE golden a 120 AT T+4
+/// QUOTA.CHARGE golden 7 ID c1 AT T+5
+/// QUOTA.ROLLBACK golden b AT T+6
+/// QUOTA.SET monthly LIMIT 5000 PERIOD MONTH TZ America/New_York ANCHOR 4099766400000 AT T
+/// QUOTA.CHARGE monthly 40 AT T+10
+/// QUOTA.RESERVE monthly 25 ID m1 TTL 3600000 AT T+11
+/// QUOTA.WINDOW win 10 60000 COST 3 PRECISION 1000 AT T
+/// QUOTA.WINDOW win 10 60000 COST 2 PRECISION 1000 AT T+1500
+/// QUOTA.WINDOW win 10 60000 COST 4 PRECISION 1000 AT T+2500
+/// SAVE
+/// EOF
+/// ```
+/// (with the numbers written out), then DIR/dump.rdb copied here.
+#[test]
+fn budget_encoding_v2_and_window_encoding_v1_still_load() {
+    let rdb = include_bytes!("fixtures/budget-v2-window-v1.rdb");
+    let s = Server::start_with_files(&[], &["test-clock", "yes"], &[("dump.rdb", rdb)]);
+    let mut c = s.conn();
+    assert_eq!(keys(&mut c), ["golden", "monthly", "win"]);
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+
+    // The budget with a daily period in Paris (2100-01-01 01:00 local is in the day that
+    // started 2099-12-31T23:00Z).
+    assert_eq!(
+        info_fields(&mut c, "golden", &t(6)),
+        pairs(&[
+            ("limit", "1000"),
+            ("used", "127"),
+            ("reserved", "200"),
+            ("available", "673"),
+            ("overdraft", "10"),
+            ("max_reserve", "500"),
+            ("default_ttl_ms", "60000"),
+            ("pending", "1"),
+            ("overrun", "20"),
+            ("period", "DAY"),
+            ("tz", "Europe/Paris"),
+            ("period_start_ms", "4102441200000"),
+            ("period_end_ms", "4102527600000"),
+        ])
+    );
+    let p = items(&ok(&mut c, &["QUOTA.PENDING", "golden", "AT", &t(6)]));
+    assert_eq!(p.len(), 1);
+    let e = items(&p[0]);
+    assert_eq!(
+        (text(&e[0]), int(&e[1]), int(&e[2]), int(&e[3])),
+        ("4102444800002-0".into(), 200, 4, 59996)
+    );
+    // The next local midnight: used and overrun start again; the 60 s reservation has expired.
+    assert_eq!(
+        info_fields(&mut c, "golden", "4102527600000")[..9],
+        pairs(&[
+            ("limit", "1000"),
+            ("used", "0"),
+            ("reserved", "0"),
+            ("available", "1000"),
+            ("overdraft", "10"),
+            ("max_reserve", "500"),
+            ("default_ttl_ms", "60000"),
+            ("pending", "0"),
+            ("overrun", "0"),
+        ])[..]
+    );
+    // Remembered ids, their outcomes and the id generator survive.
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.SETTLE", "golden", "a", "120", "AT", &t(6)],
+    ));
+    assert_eq!((text(&r[0]), int(&r[1])), ("duplicate".into(), 120));
+    assert_eq!(
+        err(&mut c, &["QUOTA.SETTLE", "golden", "b", "1", "AT", &t(6)]).0,
+        "CONFLICT"
+    );
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.CHARGE", "golden", "7", "ID", "c1", "AT", &t(6)],
+    ));
+    assert_eq!(int(&r[0]), 1);
+    // A clock behind the key's runs at the key's time (its last write, T+6).
+    let r = items(&ok(&mut c, &["QUOTA.RESERVE", "golden", "1", "AT", &t(1)]));
+    assert_eq!(text(&r[1]), "4102444800006-0");
+
+    // The anchored monthly budget in New York: periods start on the 30th at 19:00 local.
+    assert_eq!(
+        info_fields(&mut c, "monthly", &t(11)),
+        pairs(&[
+            ("limit", "5000"),
+            ("used", "40"),
+            ("reserved", "25"),
+            ("available", "4935"),
+            ("overdraft", "0"),
+            ("max_reserve", "-1"),
+            ("default_ttl_ms", "3600000"),
+            ("pending", "1"),
+            ("overrun", "0"),
+            ("period", "MONTH"),
+            ("tz", "America/New_York"),
+            ("period_start_ms", "4102358400000"),
+            ("period_end_ms", "4105036800000"),
+        ])
+    );
+    let p = items(&ok(&mut c, &["QUOTA.PENDING", "monthly", "AT", &t(11)]));
+    let e = items(&p[0]);
+    assert_eq!(
+        (text(&e[0]), int(&e[1]), int(&e[2]), int(&e[3])),
+        ("m1".into(), 25, 0, 3_600_000)
+    );
+
+    // The window: buckets of 3 (T), 2 (T+1.5 s) and 4 (T+2.5 s) in a 60 s window, and the key's
+    // absolute expiry when its newest bucket leaves the window.
+    assert_eq!(int(&ok(&mut c, &["PEXPIRETIME", "win"])), 4_102_444_862_999);
+    let peek = |c: &mut redis::Connection, cost: &str, at: &str| -> Vec<i64> {
+        let v = ok(
+            c,
+            &[
+                "QUOTA.WINDOW",
+                "win",
+                "10",
+                "60000",
+                "COST",
+                cost,
+                "PRECISION",
+                "1000",
+                "PEEK",
+                "AT",
+                at,
+            ],
+        );
+        items(&v).iter().map(int).collect()
+    };
+    // 9 counted: 1 more fits; everything has left at T+62999.
+    assert_eq!(peek(&mut c, "1", &t(2500)), [1, 1, 0, 60499]);
+    // 2 more do not fit until the first bucket (3) leaves at T+60999.
+    assert_eq!(peek(&mut c, "2", &t(2500)), [0, 1, 58499, 60499]);
+    // At T+61000 only the buckets of 2 and 4 are counted.
+    assert_eq!(peek(&mut c, "2", &t(61000)), [1, 4, 0, 1999]);
+    // PEEK wrote nothing; a counting call records on top of the loaded buckets.
+    let v = ok(
+        &mut c,
+        &[
+            "QUOTA.WINDOW",
+            "win",
+            "10",
+            "60000",
+            "COST",
+            "1",
+            "PRECISION",
+            "1000",
+            "AT",
+            &t(3000),
+        ],
+    );
+    assert_eq!(
+        items(&v).iter().map(int).collect::<Vec<_>>(),
+        [1, 0, 0, 60999]
+    );
+}
