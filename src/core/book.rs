@@ -178,6 +178,11 @@ impl FinishedSlot {
     }
 }
 
+/// The handle of slab position `len`, if it fits the handle space (31 bits).
+fn handle_of(len: usize) -> Option<u32> {
+    u32::try_from(len).ok().filter(|h| h & FINISHED == 0)
+}
+
 /// Dense storage in fixed-size chunks; handles are positions.
 #[derive(Clone, Debug)]
 struct Slab<T, const CHUNK: usize> {
@@ -215,7 +220,7 @@ impl<T: Copy, const CHUNK: usize> Slab<T, CHUNK> {
 
     /// Appends; `None` once 2^31 entries are held (the handle space).
     fn push(&mut self, t: T) -> Option<u32> {
-        let h = u32::try_from(self.len).ok().filter(|h| h & FINISHED == 0)?;
+        let h = handle_of(self.len)?;
         let (c, _) = Self::at(self.len);
         if c == self.chunks.len() {
             let capacity = if c == 0 {
@@ -435,6 +440,140 @@ impl Store {
     }
 }
 
+/// Appends a pending slot and indexes it by deadline (the caller indexes it by id).
+fn add_pending(
+    store: &mut Store,
+    by_deadline: &mut HTree,
+    id: [u8; INLINE],
+    meta: u8,
+    r: Reservation,
+) -> Option<u32> {
+    let slot = PendingSlot {
+        id,
+        meta: meta & LEN_MASK,
+        amount: r.amount.to_le_bytes(),
+        created: r.created_ms.to_le_bytes(),
+        deadline: r.deadline_ms.to_le_bytes(),
+    };
+    let h = store.pending.push(slot)?;
+    let store = &*store;
+    let key = store.pending_key(h);
+    by_deadline.insert(h, |x| key.cmp(&store.pending_key(x)));
+    Some(h)
+}
+
+/// Appends a finished slot and indexes it by finish time (the caller indexes it by id).
+fn add_finished(
+    store: &mut Store,
+    by_finish: &mut HTree,
+    id: [u8; INLINE],
+    meta: u8,
+    f: Finished,
+) -> Option<u32> {
+    let (kind, value) = f.outcome.pack();
+    let slot = FinishedSlot {
+        id,
+        meta: (meta & LEN_MASK) | (kind << KIND_SHIFT),
+        value: value.to_le_bytes(),
+        finished: f.finished_ms.to_le_bytes(),
+    };
+    let h = store.finished.push(slot)?;
+    let store = &*store;
+    let key = store.finished_key(h);
+    by_finish.insert(h, |x| key.cmp(&store.finished_key(x)));
+    Some(h)
+}
+
+/// A pending reservation's new values, in place (re-indexed if the deadline moved).
+fn update_pending(store: &mut Store, by_deadline: &mut HTree, h: u32, r: Reservation) {
+    let Some(old) = store.pending_slot(h) else {
+        return;
+    };
+    let moved = old.deadline() != r.deadline_ms;
+    if moved {
+        let store = &*store;
+        let key = store.pending_key(h);
+        by_deadline.remove(|x| key.cmp(&store.pending_key(x)));
+    }
+    if let Some(slot) = store.pending.get_mut(h) {
+        slot.amount = r.amount.to_le_bytes();
+        slot.created = r.created_ms.to_le_bytes();
+        slot.deadline = r.deadline_ms.to_le_bytes();
+    }
+    if moved {
+        let store = &*store;
+        let key = store.pending_key(h);
+        by_deadline.insert(h, |x| key.cmp(&store.pending_key(x)));
+    }
+}
+
+/// A finished id's new outcome, in place (re-indexed if the finish time moved).
+fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished) {
+    let Some(old) = store.finished_slot(h) else {
+        return;
+    };
+    let moved = old.finished() != f.finished_ms;
+    if moved {
+        let store = &*store;
+        let key = store.finished_key(h);
+        by_finish.remove(|x| key.cmp(&store.finished_key(x)));
+    }
+    let (kind, value) = f.outcome.pack();
+    if let Some(slot) = store.finished.get_mut(h) {
+        slot.meta = (slot.meta & LEN_MASK) | (kind << KIND_SHIFT);
+        slot.value = value.to_le_bytes();
+        slot.finished = f.finished_ms.to_le_bytes();
+    }
+    if moved {
+        let store = &*store;
+        let key = store.finished_key(h);
+        by_finish.insert(h, |x| key.cmp(&store.finished_key(x)));
+    }
+}
+
+/// Takes pending slot `h` out of the slab and the deadline index. The id index must no longer
+/// hold `h` for this entry (removed, or pointing at the entry's new slot); the long-id store is
+/// the caller's.
+fn take_pending(
+    store: &mut Store,
+    by_deadline: &mut HTree,
+    by_id: &mut HTree,
+    h: u32,
+) -> Option<PendingSlot> {
+    {
+        let store = &*store;
+        let key = store.pending_key(h);
+        by_deadline.remove(|x| key.cmp(&store.pending_key(x)));
+        // The last slot moves into `h`: point its index entries at `h` first.
+        if let Some(last) = store.pending.last_handle().filter(|&l| l != h) {
+            let moved = store.pending_key(last);
+            by_deadline.replace(|x| moved.cmp(&store.pending_key(x)), h);
+            by_id.replace(|x| moved.1.cmp(store.any_id(x)), h);
+        }
+    }
+    store.pending.swap_remove(h)
+}
+
+/// Mirror of [`take_pending`] for finished slot `h`.
+fn take_finished(
+    store: &mut Store,
+    by_finish: &mut HTree,
+    by_id: &mut HTree,
+    h: u32,
+) -> Option<FinishedSlot> {
+    {
+        let store = &*store;
+        let key = store.finished_key(h);
+        by_finish.remove(|x| key.cmp(&store.finished_key(x)));
+        if let Some(last) = store.finished.last_handle().filter(|&l| l != h) {
+            let moved = store.finished_key(last);
+            by_finish.replace(|x| moved.cmp(&store.finished_key(x)), h);
+            by_id.replace(|x| moved.1.cmp(store.any_id(x)), h | FINISHED);
+        }
+    }
+    store.finished.swap_remove(h)
+}
+
 /// Pending reservations and finished ids of one key.
 #[derive(Clone, Default)]
 pub struct Book {
@@ -523,51 +662,76 @@ impl Book {
             .filter_map(|h| store.entry(h).map(|e| (store.any_id(h), e)))
     }
 
-    /// Inserts or replaces an entry, keeping the indexes in step.
+    /// Inserts or replaces an entry, keeping the indexes in step. A replacement of the same
+    /// kind is made in place; a pending reservation that finishes moves to the finished slab
+    /// with one search of the id index.
     pub fn put(&mut self, id: &[u8], entry: Entry) {
-        self.remove(id);
-        let Some((bytes, meta)) = self.store.encode_id(id) else {
+        let Book {
+            store,
+            by_id,
+            by_deadline,
+            by_finish,
+        } = self;
+        let Some(slot) = by_id.find_mut(|h| id.cmp(store.any_id(h))) else {
+            self.insert(id, entry);
             return;
         };
-        let store = &mut self.store;
-        match entry {
-            Entry::Pending(r) => {
-                let slot = PendingSlot {
-                    id: bytes,
-                    meta,
-                    amount: r.amount.to_le_bytes(),
-                    created: r.created_ms.to_le_bytes(),
-                    deadline: r.deadline_ms.to_le_bytes(),
-                };
-                let Some(h) = store.pending.push(slot) else {
-                    store.release_id(&bytes, meta);
+        let old = *slot;
+        match (old & FINISHED == 0, entry) {
+            (true, Entry::Pending(r)) => update_pending(store, by_deadline, old, r),
+            (false, Entry::Finished(f)) => update_finished(store, by_finish, old & !FINISHED, f),
+            (true, Entry::Finished(f)) => {
+                // The new slot exists before anything compares its handle.
+                let Some(&s) = store.pending_slot(old) else {
                     return;
                 };
-                let store = &self.store;
-                let key = (r.deadline_ms, id);
-                self.by_deadline
-                    .insert(h, |x| key.cmp(&store.pending_key(x)));
-                self.by_id.insert(h, |x| id.cmp(store.any_id(x)));
+                let Some(h) = add_finished(store, by_finish, s.id, s.meta, f) else {
+                    return;
+                };
+                *slot = h | FINISHED;
+                take_pending(store, by_deadline, by_id, old);
             }
-            Entry::Finished(f) => {
-                let (kind, value) = f.outcome.pack();
-                let slot = FinishedSlot {
-                    id: bytes,
-                    meta: meta | (kind << KIND_SHIFT),
-                    value: value.to_le_bytes(),
-                    finished: f.finished_ms.to_le_bytes(),
-                };
-                let Some(h) = store.finished.push(slot) else {
-                    store.release_id(&bytes, meta);
+            (false, Entry::Pending(r)) => {
+                let Some(&s) = store.finished_slot(old & !FINISHED) else {
                     return;
                 };
-                let store = &self.store;
-                let key = (f.finished_ms, id);
-                self.by_finish
-                    .insert(h, |x| key.cmp(&store.finished_key(x)));
-                self.by_id.insert(h | FINISHED, |x| id.cmp(store.any_id(x)));
+                let Some(h) = add_pending(store, by_deadline, s.id, s.meta, r) else {
+                    return;
+                };
+                *slot = h;
+                take_finished(store, by_finish, by_id, old & !FINISHED);
             }
         }
+    }
+
+    /// Inserts a new id; false (and nothing changed) if the id is already present.
+    pub fn insert(&mut self, id: &[u8], entry: Entry) -> bool {
+        let handle = match entry {
+            Entry::Pending(_) => handle_of(self.store.pending.len),
+            Entry::Finished(_) => handle_of(self.store.finished.len).map(|h| h | FINISHED),
+        };
+        let Some(handle) = handle else {
+            return false;
+        };
+        // The new handle is never compared before its slot exists: the probe carries the id.
+        let store = &self.store;
+        if !self.by_id.insert(handle, |h| id.cmp(store.any_id(h))) {
+            return false;
+        }
+        let Some((bytes, meta)) = self.store.encode_id(id) else {
+            let store = &self.store;
+            self.by_id.remove(|h| id.cmp(store.any_id(h)));
+            return false;
+        };
+        match entry {
+            Entry::Pending(r) => {
+                add_pending(&mut self.store, &mut self.by_deadline, bytes, meta, r);
+            }
+            Entry::Finished(f) => {
+                add_finished(&mut self.store, &mut self.by_finish, bytes, meta, f);
+            }
+        }
+        true
     }
 
     /// Removes an id, returning its entry.
@@ -575,34 +739,18 @@ impl Book {
         let store = &self.store;
         let tagged = self.by_id.remove(|h| id.cmp(store.any_id(h)))?;
         let entry = store.entry(tagged);
+        let Book {
+            store,
+            by_id,
+            by_deadline,
+            by_finish,
+        } = self;
         if tagged & FINISHED == 0 {
-            let h = tagged;
-            let key = store.pending_key(h);
-            self.by_deadline.remove(|x| key.cmp(&store.pending_key(x)));
-            // The last slot moves into `h`: point its index entries at `h` first.
-            if let Some(last) = store.pending.last_handle().filter(|&l| l != h) {
-                let moved = store.pending_key(last);
-                self.by_deadline
-                    .replace(|x| moved.cmp(&store.pending_key(x)), h);
-                self.by_id.replace(|x| moved.1.cmp(store.any_id(x)), h);
+            if let Some(slot) = take_pending(store, by_deadline, by_id, tagged) {
+                store.release_id(&slot.id, slot.meta);
             }
-            if let Some(slot) = self.store.pending.swap_remove(h) {
-                self.store.release_id(&slot.id, slot.meta);
-            }
-        } else {
-            let h = tagged & !FINISHED;
-            let key = store.finished_key(h);
-            self.by_finish.remove(|x| key.cmp(&store.finished_key(x)));
-            if let Some(last) = store.finished.last_handle().filter(|&l| l != h) {
-                let moved = store.finished_key(last);
-                self.by_finish
-                    .replace(|x| moved.cmp(&store.finished_key(x)), h);
-                self.by_id
-                    .replace(|x| moved.1.cmp(store.any_id(x)), h | FINISHED);
-            }
-            if let Some(slot) = self.store.finished.swap_remove(h) {
-                self.store.release_id(&slot.id, slot.meta);
-            }
+        } else if let Some(slot) = take_finished(store, by_finish, by_id, tagged & !FINISHED) {
+            store.release_id(&slot.id, slot.meta);
         }
         entry
     }
@@ -795,6 +943,14 @@ mod tests {
                         let e = finished(kind, v, t);
                         book.put(&id, e);
                         model.entries.insert(id, e);
+                    }
+                    4 if v % 3 == 0 => {
+                        let e = if v % 2 == 0 { pending(v, t, t) } else { finished(kind, v, t) };
+                        let fresh = !model.entries.contains_key(&id);
+                        prop_assert_eq!(book.insert(&id, e), fresh);
+                        if fresh {
+                            model.entries.insert(id, e);
+                        }
                     }
                     _ => {
                         prop_assert_eq!(book.remove(&id), model.entries.remove(&id));

@@ -37,11 +37,41 @@ impl StreamId {
         Some(StreamId { ms, seq })
     }
 
+    /// The canonical `<ms>-<seq>` spelling (written by hand: this is on every generated id).
     pub fn to_bytes(self) -> Box<[u8]> {
-        format!("{}-{}", self.ms, self.seq)
-            .into_bytes()
-            .into_boxed_slice()
+        let mut buf = [0u8; 41];
+        let mut len = 0usize;
+        for part in [Some(self.ms), None, Some(self.seq)] {
+            let mut digits = [0u8; 20];
+            let text: &[u8] = match part {
+                Some(n) => decimal(n, &mut digits),
+                None => b"-",
+            };
+            let end = len.saturating_add(text.len());
+            if let Some(dst) = buf.get_mut(len..end) {
+                dst.copy_from_slice(text);
+                len = end;
+            }
+        }
+        buf.get(..len).unwrap_or(&[]).into()
     }
+}
+
+/// `n` in decimal, in the tail of `buf`.
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start = start.saturating_sub(1);
+        if let Some(d) = buf.get_mut(start) {
+            // n % 10 < 10: the cast cannot truncate.
+            *d = b'0'.saturating_add((n % 10) as u8);
+        }
+        n /= 10;
+        if n == 0 || start == 0 {
+            break;
+        }
+    }
+    buf.get(start..).unwrap_or(&[])
 }
 
 fn canonical_u64(digits: &[u8]) -> Option<u64> {
@@ -82,6 +112,16 @@ mod tests {
             .next(5),
             None
         );
+    }
+
+    #[test]
+    fn to_bytes_is_decimal() {
+        for ms in [0u64, 1, 9, 10, 99, 100, 1_732_945_523_123, u64::MAX] {
+            for seq in [0u64, 7, 10, 12345, u64::MAX] {
+                let id = StreamId { ms, seq };
+                assert_eq!(&id.to_bytes()[..], format!("{ms}-{seq}").as_bytes());
+            }
+        }
     }
 
     #[test]

@@ -284,6 +284,9 @@ impl Budget {
     fn unreleased_expired(&self, now: i64) -> (i64, i64) {
         let mut sum = 0i64;
         let mut count = 0i64;
+        if self.book.first_deadline().is_none_or(|d| d > now) {
+            return (sum, count);
+        }
         for (_, r) in self.book.pending() {
             if r.deadline_ms > now {
                 break;
@@ -399,7 +402,21 @@ impl Budget {
 
     fn cleanup(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>, max: usize) -> Vec<Effect> {
         let mut effects = Vec::new();
-        for (deadline, id) in self.book.by_deadline().take(max) {
+        self.cleanup_into(now, keep_ms, skip, max, &mut effects);
+        effects
+    }
+
+    /// [`Budget::cleanup`] appending to `effects`.
+    fn cleanup_into(
+        &self,
+        now: i64,
+        keep_ms: i64,
+        skip: Option<&[u8]>,
+        max: usize,
+        effects: &mut Vec<Effect>,
+    ) {
+        let releases = self.book.first_deadline().is_some_and(|d| d <= now);
+        for (deadline, id) in self.book.by_deadline().take(if releases { max } else { 0 }) {
             if deadline > now {
                 break;
             }
@@ -411,7 +428,11 @@ impl Budget {
                 effects.push(Effect::Forget { id: id.into() });
             }
         }
-        for (finished, id) in self.book.by_finish().take(max) {
+        let forgets = self
+            .book
+            .first_finish()
+            .is_some_and(|f| now >= f.saturating_add(keep_ms));
+        for (finished, id) in self.book.by_finish().take(if forgets { max } else { 0 }) {
             if now < finished.saturating_add(keep_ms) {
                 break;
             }
@@ -420,7 +441,6 @@ impl Budget {
             }
             effects.push(Effect::Forget { id: id.into() });
         }
-        effects
     }
 
     /// Checks that the logical `used + reserved - minus + plus` stays within i64 (else
@@ -453,17 +473,31 @@ impl Budget {
         full: bool,
         command: Vec<Effect>,
     ) -> Vec<Effect> {
-        let mut effects = Vec::new();
+        self.upkeep(now, keep_ms, id, id, full, command)
+    }
+
+    /// [`Budget::with_upkeep`] preparing `prepare` (`None`: an id known to be new) and
+    /// leaving `skip` out of the maintenance.
+    fn upkeep(
+        &self,
+        now: i64,
+        keep_ms: i64,
+        prepare: Option<&[u8]>,
+        skip: Option<&[u8]>,
+        full: bool,
+        command: Vec<Effect>,
+    ) -> Vec<Effect> {
+        let mut effects = Vec::with_capacity(command.len().saturating_add(1));
         if self.period_ended(now) {
             if let Ok(Some((start_ms, end_ms))) = self.current_bounds(now) {
                 effects.push(Effect::Reset { start_ms, end_ms });
             }
         }
-        if let Some(id) = id {
+        if let Some(id) = prepare {
             self.prepare_id(id, now, keep_ms, &mut effects);
         }
         let batch = if full { usize::MAX } else { MAINTENANCE_BATCH };
-        effects.extend(self.cleanup(now, keep_ms, id, batch));
+        self.cleanup_into(now, keep_ms, skip, batch, &mut effects);
         effects.extend(command);
         effects
     }
@@ -622,16 +656,25 @@ impl Budget {
             "TTL too large: the deadline would overflow",
         ))?;
         let full = self.check_range(now, &view, 0, 0, amount)?;
-        let id: Id = match id {
-            Some(id) => id.into(),
-            None => self.next_id(now)?,
+        // A client id may still be physically there (logically forgotten): prepare it. A
+        // generated id is known to be new.
+        let (id, prepare): (Id, bool) = match id {
+            Some(id) => (id.into(), true),
+            None => (self.next_id(now)?, false),
         };
         let grant = Effect::Grant {
             id: id.clone(),
             amount,
             deadline_ms,
         };
-        let effects = self.with_upkeep(now, policy.keep_ms, Some(&id), full, vec![grant]);
+        let effects = self.upkeep(
+            now,
+            policy.keep_ms,
+            prepare.then_some(&id[..]),
+            Some(&id),
+            full,
+            vec![grant],
+        );
         Ok(Plan {
             effects,
             reply: ReserveReply::Granted { id },
@@ -894,14 +937,10 @@ impl Budget {
                 if *amount < 0 {
                     return Err(LedgerError::BadEffect("negative amount"));
                 }
-                if self.book.get(id).is_some() {
-                    return Err(LedgerError::BadEffect("grant of a known id"));
-                }
                 let reserved = add(self.reserved, *amount)?;
                 add(self.used, reserved)?;
-                self.reserved = reserved;
-                self.see_id(id, at);
-                self.book.put(
+                // The last check: refused (nothing changed) if the id is known.
+                let fresh = self.book.insert(
                     id,
                     Entry::Pending(Reservation {
                         amount: *amount,
@@ -909,6 +948,11 @@ impl Budget {
                         deadline_ms: *deadline_ms,
                     }),
                 );
+                if !fresh {
+                    return Err(LedgerError::BadEffect("grant of a known id"));
+                }
+                self.reserved = reserved;
+                self.see_id(id, at);
             }
             Effect::Settle { id, actual } => {
                 let r = self.pending_entry(id)?;
@@ -982,19 +1026,24 @@ impl Budget {
                 if *amount < 0 || *overrun < 0 {
                     return Err(LedgerError::BadEffect("negative charge"));
                 }
-                if let Some(id) = id {
-                    if self.book.get(id).is_some() {
-                        return Err(LedgerError::BadEffect("charge with a known id"));
-                    }
-                }
                 let used = add(self.used, *amount)?;
                 add(used, self.reserved)?;
+                if let Some(id) = id {
+                    // The last check: refused (nothing changed) if the id is known.
+                    let fresh = self.book.insert(
+                        id,
+                        Entry::Finished(Finished {
+                            outcome: Outcome::Charged { amount: *amount },
+                            finished_ms: at,
+                        }),
+                    );
+                    if !fresh {
+                        return Err(LedgerError::BadEffect("charge with a known id"));
+                    }
+                    self.see_id(id, at);
+                }
                 self.used = used;
                 self.overrun = self.overrun.saturating_add(*overrun);
-                if let Some(id) = id {
-                    self.see_id(id, at);
-                    self.finish(id, Outcome::Charged { amount: *amount }, at);
-                }
             }
             Effect::Forget { id } => match self.book.get(id) {
                 Some(Entry::Finished(_)) => {

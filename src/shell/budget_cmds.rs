@@ -9,7 +9,7 @@ use crate::core::ledger::{
 use crate::core::period::{Period, PeriodError, PeriodKind};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
-use crate::shell::reply::{reply_fields, Field};
+use crate::shell::reply::{reply_array, reply_fields, Field, Item};
 use crate::shell::{clock, config, events, replicate, stats, sweeper};
 
 /// Most entries QUOTA.PENDING returns in one call.
@@ -379,20 +379,26 @@ pub fn quota_reserve(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         ReserveReply::Denied => &stats::DENIED,
         _ => &stats::GRANTED,
     });
-    Ok(match reply {
-        ReserveReply::Granted { id } | ReserveReply::Retried { id } => RedisValue::Array(vec![
-            RedisValue::Integer(1),
-            RedisValue::StringBuffer(id.into_vec()),
-            RedisValue::Integer(view.available),
-            RedisValue::Integer(0),
-        ]),
-        ReserveReply::Denied => RedisValue::Array(vec![
-            RedisValue::Integer(0),
-            RedisValue::Null,
-            RedisValue::Integer(view.available),
-            RedisValue::Integer(retry),
-        ]),
-    })
+    match reply {
+        ReserveReply::Granted { id } | ReserveReply::Retried { id } => reply_array(
+            ctx,
+            &[
+                Item::Int(1),
+                Item::Bulk(&id),
+                Item::Int(view.available),
+                Item::Int(0),
+            ],
+        ),
+        ReserveReply::Denied => reply_array(
+            ctx,
+            &[
+                Item::Int(0),
+                Item::Null,
+                Item::Int(view.available),
+                Item::Int(retry),
+            ],
+        ),
+    }
 }
 
 /// `key id [n ...] [AT ms]`: the shape of SETTLE, ROLLBACK and EXTEND.
@@ -443,19 +449,22 @@ pub fn quota_settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let status = match status {
         SettleStatus::Settled => {
             stats::bump(&stats::SETTLED);
-            "settled"
+            c"settled"
         }
         SettleStatus::Late => {
             stats::bump(&stats::LATE);
-            "late"
+            c"late"
         }
-        SettleStatus::Duplicate => "duplicate",
+        SettleStatus::Duplicate => c"duplicate",
     };
-    Ok(RedisValue::Array(vec![
-        RedisValue::SimpleStringStatic(status),
-        RedisValue::Integer(charged),
-        RedisValue::Integer(view.available),
-    ]))
+    reply_array(
+        ctx,
+        &[
+            Item::Status(status),
+            Item::Int(charged),
+            Item::Int(view.available),
+        ],
+    )
 }
 
 /// `QUOTA.ROLLBACK key id [AT ms]` → `[status, released, available]`.
@@ -474,16 +483,19 @@ pub fn quota_rollback(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let status = match status {
         RollbackStatus::RolledBack => {
             stats::bump(&stats::ROLLED_BACK);
-            "rolledback"
+            c"rolledback"
         }
-        RollbackStatus::Duplicate => "duplicate",
-        RollbackStatus::Expired => "expired",
+        RollbackStatus::Duplicate => c"duplicate",
+        RollbackStatus::Expired => c"expired",
     };
-    Ok(RedisValue::Array(vec![
-        RedisValue::SimpleStringStatic(status),
-        RedisValue::Integer(released),
-        RedisValue::Integer(view.available),
-    ]))
+    reply_array(
+        ctx,
+        &[
+            Item::Status(status),
+            Item::Int(released),
+            Item::Int(view.available),
+        ],
+    )
 }
 
 /// `QUOTA.EXTEND key id ttl_ms [AT ms]` → ttl_ms.
@@ -546,11 +558,14 @@ pub fn quota_charge(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     } else {
         &stats::CHARGE_DENIED
     });
-    Ok(RedisValue::Array(vec![
-        RedisValue::Integer(i64::from(charged)),
-        RedisValue::Integer(view.available),
-        RedisValue::Integer(retry),
-    ]))
+    reply_array(
+        ctx,
+        &[
+            Item::Int(i64::from(charged)),
+            Item::Int(view.available),
+            Item::Int(retry),
+        ],
+    )
 }
 
 /// `QUOTA.PENDING key [COUNT n] [AT ms]` → `[[id, amount, age_ms, ttl_ms], ...]`.

@@ -1,6 +1,41 @@
-//! Reply helpers: field/value maps in a fixed order (a RESP3 map, a flat array in RESP2).
+//! Reply helpers: field/value maps in a fixed order (a RESP3 map, a flat array in RESP2), and
+//! the short arrays of the hot commands written straight to the client (no intermediate
+//! `RedisValue` tree, no allocation).
+
+use std::ffi::CStr;
 
 use redis_module::{raw, Context, RedisResult, RedisValue};
+
+/// An element of a flat array reply.
+pub enum Item<'a> {
+    Int(i64),
+    Bulk(&'a [u8]),
+    Null,
+    Status(&'static CStr),
+}
+
+/// Replies with `items` as an array and tells the caller's wrapper that the reply was sent.
+pub fn reply_array(ctx: &Context, items: &[Item]) -> RedisResult {
+    let len = libc::c_long::try_from(items.len()).unwrap_or(0);
+    raw::reply_with_array(ctx.ctx, len);
+    for item in items {
+        match item {
+            Item::Int(n) => {
+                raw::reply_with_long_long(ctx.ctx, *n);
+            }
+            Item::Bulk(b) => {
+                raw::reply_with_string_buffer(ctx.ctx, b.as_ptr().cast(), b.len());
+            }
+            Item::Null => {
+                raw::reply_with_null(ctx.ctx);
+            }
+            Item::Status(s) => {
+                raw::reply_with_simple_string(ctx.ctx, s.as_ptr());
+            }
+        }
+    }
+    Ok(RedisValue::NoReply)
+}
 
 /// A value in a field/value reply.
 pub enum Field {
