@@ -235,18 +235,3 @@ pub fn wait_link_up(replica: &mut redis::Connection) {
         info_section(replica, "replication")
     );
 }
-
-/// Waits until no AOF rewrite or BGSAVE is running or scheduled.
-pub fn wait_persistence_idle(c: &mut redis::Connection) {
-    for _ in 0..800 {
-        let p = info_section(c, "persistence");
-        if p.contains("aof_rewrite_in_progress:0")
-            && p.contains("aof_rewrite_scheduled:0")
-            && p.contains("rdb_bgsave_in_progress:0")
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("persistence never went idle");
-}
