@@ -780,7 +780,7 @@ fn run() -> Result<bool, String> {
         failures.push("unexpected error replies".into());
     }
     for (s, name) in [(&master, "master"), (&replica, "replica")] {
-        if s.log().contains("quota: PANIC") {
+        if s.log().contains("PANIC") {
             failures.push(format!("{name} logged a panic"));
         }
     }

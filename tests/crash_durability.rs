@@ -327,7 +327,7 @@ fn appendfsync_always_keeps_every_acknowledged_write_across_sigkill() {
         let r = items(&ok(&mut c, &["QUOTA.RESERVE", key, "1"]));
         assert_eq!(int(&r[0]), 1);
     }
-    assert!(!s.log().contains("quota: PANIC"));
+    assert!(!s.log().contains("PANIC"));
 }
 
 #[test]
