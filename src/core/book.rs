@@ -666,6 +666,21 @@ impl Book {
     /// kind is made in place; a pending reservation that finishes moves to the finished slab
     /// with one search of the id index.
     pub fn put(&mut self, id: &[u8], entry: Entry) {
+        let found = self.update(id, |_| Ok::<Entry, ()>(entry), ());
+        if found.is_err() {
+            self.insert(id, entry);
+        }
+    }
+
+    /// Replaces the entry of a known id by what `f` makes of it, with one search of the id
+    /// index. `Err(missing)` if the id is unknown, `f`'s error if it refuses; nothing changed
+    /// then.
+    pub fn update<E>(
+        &mut self,
+        id: &[u8],
+        f: impl FnOnce(Entry) -> Result<Entry, E>,
+        missing: E,
+    ) -> Result<(), E> {
         let Book {
             store,
             by_id,
@@ -673,35 +688,39 @@ impl Book {
             by_finish,
         } = self;
         let Some(slot) = by_id.find_mut(|h| id.cmp(store.any_id(h))) else {
-            self.insert(id, entry);
-            return;
+            return Err(missing);
         };
         let old = *slot;
+        let Some(current) = store.entry(old) else {
+            return Err(missing);
+        };
+        let entry = f(current)?;
         match (old & FINISHED == 0, entry) {
             (true, Entry::Pending(r)) => update_pending(store, by_deadline, old, r),
             (false, Entry::Finished(f)) => update_finished(store, by_finish, old & !FINISHED, f),
             (true, Entry::Finished(f)) => {
                 // The new slot exists before anything compares its handle.
                 let Some(&s) = store.pending_slot(old) else {
-                    return;
+                    return Err(missing);
                 };
                 let Some(h) = add_finished(store, by_finish, s.id, s.meta, f) else {
-                    return;
+                    return Err(missing);
                 };
                 *slot = h | FINISHED;
                 take_pending(store, by_deadline, by_id, old);
             }
             (false, Entry::Pending(r)) => {
                 let Some(&s) = store.finished_slot(old & !FINISHED) else {
-                    return;
+                    return Err(missing);
                 };
                 let Some(h) = add_pending(store, by_deadline, s.id, s.meta, r) else {
-                    return;
+                    return Err(missing);
                 };
                 *slot = h;
                 take_finished(store, by_finish, by_id, old & !FINISHED);
             }
         }
+        Ok(())
     }
 
     /// Inserts a new id; false (and nothing changed) if the id is already present.

@@ -693,7 +693,8 @@ impl Budget {
             return Err(LedgerError::Invalid("actual must not be negative"));
         }
         let view = self.view(now);
-        let (status, effect, full) = match self.id_state(id, now, policy.keep_ms) {
+        // A live pending id needs no preparation (nothing to release or forget).
+        let (status, effect, full, prepare) = match self.id_state(id, now, policy.keep_ms) {
             IdState::Unknown => return Err(LedgerError::NoReservation { id: id.to_vec() }),
             IdState::Pending(r) => {
                 let full = self.check_range(now, &view, r.amount, r.amount, actual)?;
@@ -704,6 +705,7 @@ impl Budget {
                         actual,
                     },
                     full,
+                    false,
                 )
             }
             IdState::Expired { amount, unreleased } => {
@@ -716,6 +718,7 @@ impl Budget {
                         actual,
                     },
                     full,
+                    true,
                 )
             }
             IdState::Done(Outcome::Settled { actual: a, .. }) if a == actual => {
@@ -733,7 +736,14 @@ impl Budget {
             }
             IdState::Done(o) => return Err(conflict(id, o.state_name(), "it cannot be settled")),
         };
-        let effects = self.with_upkeep(now, policy.keep_ms, Some(id), full, vec![effect]);
+        let effects = self.upkeep(
+            now,
+            policy.keep_ms,
+            prepare.then_some(id),
+            Some(id),
+            full,
+            vec![effect],
+        );
         Ok(Plan {
             effects,
             reply: (status, actual),
@@ -766,7 +776,8 @@ impl Budget {
             self.prepare_id(id, now, policy.keep_ms, &mut e);
             e
         } else {
-            self.with_upkeep(now, policy.keep_ms, Some(id), false, command)
+            // Only a live pending id gets here: nothing of its own to prepare.
+            self.upkeep(now, policy.keep_ms, None, Some(id), false, command)
         };
         Ok(Plan {
             effects,
@@ -791,9 +802,11 @@ impl Budget {
                 let deadline_ms = now.checked_add(ttl_ms).ok_or(LedgerError::Invalid(
                     "ttl_ms too large: the deadline would overflow",
                 ))?;
-                let effects = self.with_upkeep(
+                // A live pending id: nothing of its own to prepare.
+                let effects = self.upkeep(
                     now,
                     policy.keep_ms,
+                    None,
                     Some(id),
                     false,
                     vec![Effect::Extend {
@@ -955,26 +968,31 @@ impl Budget {
                 self.see_id(id, at);
             }
             Effect::Settle { id, actual } => {
-                let r = self.pending_entry(id)?;
-                if *actual < 0 {
-                    return Err(LedgerError::BadEffect("negative actual"));
-                }
-                let reserved = sub(self.reserved, r.amount)?;
-                let used = add(self.used, *actual)?;
-                add(used, reserved)?;
-                self.reserved = reserved;
-                self.used = used;
-                self.overrun = self
-                    .overrun
-                    .saturating_add(actual.saturating_sub(r.amount).max(0));
-                self.finish(
+                let (reserved, used) = (self.reserved, self.used);
+                let mut after = (reserved, used, 0);
+                self.book.update(
                     id,
-                    Outcome::Settled {
-                        actual: *actual,
-                        late: false,
+                    |e| {
+                        let r = pending_of(e)?;
+                        if *actual < 0 {
+                            return Err(LedgerError::BadEffect("negative actual"));
+                        }
+                        let reserved = sub(reserved, r.amount)?;
+                        let used = add(used, *actual)?;
+                        add(used, reserved)?;
+                        after = (reserved, used, actual.saturating_sub(r.amount).max(0));
+                        Ok(finished(
+                            Outcome::Settled {
+                                actual: *actual,
+                                late: false,
+                            },
+                            at,
+                        ))
                     },
-                    at,
-                );
+                    NOT_PENDING,
+                )?;
+                (self.reserved, self.used) = (after.0, after.1);
+                self.overrun = self.overrun.saturating_add(after.2);
             }
             Effect::SettleLate { id, actual } => {
                 let amount = match self.book.get(id) {
@@ -1003,20 +1021,48 @@ impl Budget {
                 );
             }
             Effect::Rollback { id } => {
-                let r = self.pending_entry(id)?;
-                self.reserved = sub(self.reserved, r.amount)?;
-                self.finish(id, Outcome::RolledBack { amount: r.amount }, at);
+                let reserved = self.reserved;
+                let mut after = reserved;
+                self.book.update(
+                    id,
+                    |e| {
+                        let r = pending_of(e)?;
+                        after = sub(reserved, r.amount)?;
+                        Ok(finished(Outcome::RolledBack { amount: r.amount }, at))
+                    },
+                    NOT_PENDING,
+                )?;
+                self.reserved = after;
             }
             Effect::Release { id } => {
-                let r = self.pending_entry(id)?;
-                self.reserved = sub(self.reserved, r.amount)?;
-                // Finished at the deadline: swept and unswept expiries are remembered alike.
-                self.finish(id, Outcome::Expired { amount: r.amount }, r.deadline_ms);
+                let reserved = self.reserved;
+                let mut after = reserved;
+                self.book.update(
+                    id,
+                    |e| {
+                        let r = pending_of(e)?;
+                        after = sub(reserved, r.amount)?;
+                        // Finished at the deadline: swept and unswept expiries are remembered
+                        // alike.
+                        Ok(finished(
+                            Outcome::Expired { amount: r.amount },
+                            r.deadline_ms,
+                        ))
+                    },
+                    NOT_PENDING,
+                )?;
+                self.reserved = after;
             }
             Effect::Extend { id, deadline_ms } => {
-                let mut r = self.pending_entry(id)?;
-                r.deadline_ms = *deadline_ms;
-                self.book.put(id, Entry::Pending(r));
+                self.book.update(
+                    id,
+                    |e| {
+                        let mut r = pending_of(e)?;
+                        r.deadline_ms = *deadline_ms;
+                        Ok(Entry::Pending(r))
+                    },
+                    NOT_PENDING,
+                )?;
             }
             Effect::Charge {
                 amount,
@@ -1081,21 +1127,8 @@ impl Budget {
         }
     }
 
-    fn pending_entry(&self, id: &[u8]) -> Result<Reservation, LedgerError> {
-        match self.book.get(id) {
-            Some(Entry::Pending(r)) => Ok(r),
-            _ => Err(LedgerError::BadEffect("id is not pending")),
-        }
-    }
-
     fn finish(&mut self, id: &Id, outcome: Outcome, finished_ms: i64) {
-        self.book.put(
-            id,
-            Entry::Finished(Finished {
-                outcome,
-                finished_ms,
-            }),
-        );
+        self.book.put(id, finished(outcome, finished_ms));
     }
 
     /// Checks the ledger invariants; used after loading untrusted data and in tests.
@@ -1125,6 +1158,23 @@ impl Budget {
         }
         Ok(())
     }
+}
+
+/// What an effect on a pending reservation finds when the id is not pending.
+const NOT_PENDING: LedgerError = LedgerError::BadEffect("id is not pending");
+
+fn pending_of(e: Entry) -> Result<Reservation, LedgerError> {
+    match e {
+        Entry::Pending(r) => Ok(r),
+        Entry::Finished(_) => Err(NOT_PENDING),
+    }
+}
+
+fn finished(outcome: Outcome, finished_ms: i64) -> Entry {
+    Entry::Finished(Finished {
+        outcome,
+        finished_ms,
+    })
 }
 
 fn validate_bounds(bounds: Option<(i64, i64)>) -> Result<(), LedgerError> {

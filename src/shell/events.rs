@@ -6,23 +6,40 @@
 //! `quota.extend`, `quota.charge`, `quota.reset`, `quota.window`, and `quota.exhausted` when a
 //! grant or charge leaves `available <= 0`.
 
-use redis_module::{Context, NotifyEvent, RedisString};
+use std::ffi::CStr;
+
+use redis_module::{raw, Context, NotifyEvent, RedisString};
 
 use crate::core::ledger::Effect;
 
 /// The event an effect publishes, if any (forgetting an old id is silent).
-fn event_of(effect: &Effect) -> Option<&'static str> {
+fn event_of(effect: &Effect) -> Option<&'static CStr> {
     Some(match effect {
-        Effect::Configure { .. } => "quota.set",
-        Effect::Reset { .. } => "quota.reset",
-        Effect::Grant { .. } => "quota.reserve",
-        Effect::Settle { .. } | Effect::SettleLate { .. } => "quota.settle",
-        Effect::Rollback { .. } => "quota.rollback",
-        Effect::Release { .. } => "quota.expire",
-        Effect::Extend { .. } => "quota.extend",
-        Effect::Charge { .. } => "quota.charge",
+        Effect::Configure { .. } => c"quota.set",
+        Effect::Reset { .. } => c"quota.reset",
+        Effect::Grant { .. } => c"quota.reserve",
+        Effect::Settle { .. } | Effect::SettleLate { .. } => c"quota.settle",
+        Effect::Rollback { .. } => c"quota.rollback",
+        Effect::Release { .. } => c"quota.expire",
+        Effect::Extend { .. } => c"quota.extend",
+        Effect::Charge { .. } => c"quota.charge",
         Effect::Forget { .. } => return None,
     })
+}
+
+/// Publishes one module-class event (a C string literal: nothing to allocate on every write).
+pub fn publish(ctx: &Context, key: &RedisString, name: &CStr) {
+    // SAFETY: plain API call with a live context and key string.
+    unsafe {
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(
+                ctx.ctx,
+                NotifyEvent::MODULE.bits(),
+                name.as_ptr(),
+                key.inner,
+            );
+        }
+    }
 }
 
 /// Publishes the events of `effects` on `key`; `available_after` decides `quota.exhausted`.
@@ -34,13 +51,13 @@ pub fn notify(ctx: &Context, key: &RedisString, effects: &[Effect], available_af
         if let Some(name) = event_of(e) {
             // One event per kind in a row: a sweep of 100 releases publishes one quota.expire.
             if last != Some(name) {
-                ctx.notify_keyspace_event(NotifyEvent::MODULE, name, key);
+                publish(ctx, key, name);
                 last = Some(name);
             }
         }
     }
     if spends && available_after <= 0 {
-        ctx.notify_keyspace_event(NotifyEvent::MODULE, "quota.exhausted", key);
+        publish(ctx, key, c"quota.exhausted");
     }
 }
 

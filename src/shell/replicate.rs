@@ -30,6 +30,16 @@ pub fn replicate_effects(ctx: &Context, key: &RedisString, at_ms: i64, list: &[E
     argv.replicate(ctx, c"QUOTA.APPLY");
 }
 
+/// Replicates `command key ints...` (the key by reference, each integer one Redis string).
+pub fn replicate_key_ints(ctx: &Context, command: &CStr, key: &RedisString, ints: &[i64]) {
+    let mut argv = Argv::with_capacity(ints.len().saturating_add(1));
+    argv.borrowed(key.inner);
+    for &n in ints {
+        argv.int(n);
+    }
+    argv.replicate(ctx, command);
+}
+
 /// Replicates `command tokens...` checking the status.
 pub fn replicate_tokens(ctx: &Context, command: &str, tokens: &[Vec<u8>]) {
     let Ok(name) = std::ffi::CString::new(command) else {

@@ -8,22 +8,25 @@
 //! `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` (see
 //! [`crate::shell::window_apply`]). PEEK and denied calls write nothing and replicate nothing.
 
-use redis_module::{Context, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisError, RedisResult, RedisString};
 
 use crate::core::window::{Window, WindowDecision, WindowError, WindowParams};
 use crate::shell::args::{syntax_error, Args};
+use crate::shell::reply::{reply_array, Item};
 use crate::shell::window_key::WindowKey;
 use crate::shell::window_type::WINDOW_TYPE;
-use crate::shell::{clock, replicate, stats};
+use crate::shell::{clock, events, replicate, stats};
 
 /// Name of the internal command carrying a recorded call to replicas and the AOF.
 pub const WAPPLY: &str = "QUOTA.WAPPLY";
+const WAPPLY_C: &std::ffi::CStr = c"QUOTA.WAPPLY";
 
 /// `expire_at_ms` of a `QUOTA.WAPPLY` whose key holds nothing afterwards (deleted).
 pub const NO_EXPIRY: i64 = -1;
 
 /// Keyspace event (class `d`) of every recorded call, on the master and on replicas alike.
 pub const EVENT: &str = "quota.window";
+const EVENT_C: &std::ffi::CStr = c"quota.window";
 
 /// The core's error as a Redis error reply (its text starts with `ERR`).
 pub fn window_err(e: WindowError) -> RedisError {
@@ -67,13 +70,16 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
     })
 }
 
-fn reply(d: &WindowDecision) -> RedisValue {
-    RedisValue::Array(vec![
-        RedisValue::Integer(i64::from(d.allowed)),
-        RedisValue::Integer(d.remaining),
-        RedisValue::Integer(d.retry_after_ms),
-        RedisValue::Integer(d.reset_after_ms),
-    ])
+fn reply(ctx: &Context, d: &WindowDecision) -> RedisResult {
+    reply_array(
+        ctx,
+        &[
+            Item::Int(i64::from(d.allowed)),
+            Item::Int(d.remaining),
+            Item::Int(d.retry_after_ms),
+            Item::Int(d.reset_after_ms),
+        ],
+    )
 }
 
 /// `QUOTA.WINDOW key limit window_ms [COST n] [PRECISION ms] [PEEK] [AT ms]`
@@ -99,22 +105,25 @@ pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // Nothing to write: a PEEK, a denial, or a cost-0 call on a missing key (which would
     // create an empty window; its decision is the same as the check's).
     if req.peek || !checked.allowed || (!exists && req.params.cost == 0) {
-        return Ok(reply(&checked));
+        return reply(ctx, &checked);
     }
     let mut key = WindowKey::open_writable(ctx, req.key)?;
     let (decision, expire_at) = record_at_key(&mut key, &req.params, now, None)?;
     drop(key);
-    ctx.notify_keyspace_event(NotifyEvent::MODULE, EVENT, req.key);
-    let tokens: Vec<Vec<u8>> = vec![
-        req.key.as_slice().to_vec(),
-        now.to_string().into_bytes(),
-        req.params.window_ms.to_string().into_bytes(),
-        req.params.precision_ms.to_string().into_bytes(),
-        req.params.cost.to_string().into_bytes(),
-        expire_at.unwrap_or(NO_EXPIRY).to_string().into_bytes(),
-    ];
-    replicate::replicate_tokens(ctx, WAPPLY, &tokens);
-    Ok(reply(&decision))
+    events::publish(ctx, req.key, EVENT_C);
+    replicate::replicate_key_ints(
+        ctx,
+        WAPPLY_C,
+        req.key,
+        &[
+            now,
+            req.params.window_ms,
+            req.params.precision_ms,
+            req.params.cost,
+            expire_at.unwrap_or(NO_EXPIRY),
+        ],
+    );
+    reply(ctx, &decision)
 }
 
 /// The effect of a recorded call on a writable key, shared by the master (`QUOTA.WINDOW`) and
@@ -162,4 +171,15 @@ pub(crate) fn record_at_key(
         )));
     }
     Ok((decision, expire))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_names_match() {
+        assert_eq!(WAPPLY_C.to_str().unwrap(), WAPPLY);
+        assert_eq!(EVENT_C.to_str().unwrap(), EVENT);
+    }
 }
