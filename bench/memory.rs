@@ -250,57 +250,70 @@ pub fn measure_memory(
         // Times start at the wall clock so that no key's expiry is already past.
         let t0 = now_ms();
         let calls_per_key = 62 * window_rate;
-        let total = calls_per_key * window_keys;
-        let at = |i: usize| -> i64 {
-            let step = i / window_keys;
+        // Call i of a run over n keys: key i % n at step i / n.
+        let at = |i: usize, n: usize| -> i64 {
+            let step = i / n;
             t0 + (step * 1000 / window_rate) as i64
         };
-        let mkeys: Vec<String> = (0..window_keys).map(|k| format!("mw:{k}")).collect();
-        let lkeys: Vec<String> = (0..window_keys).map(|k| format!("lw:{k}")).collect();
+        // Each side first loads a few warm-up keys the same way, outside the measurement:
+        // what the first keys cost once (client buffers, dict tables' first growth) would
+        // otherwise be spread over the measured ones.
+        let warm = (window_keys / 10).max(20);
+        let module_calls = |con: &mut Connection, prefix: &str, n: usize| -> Result<()> {
+            let keys: Vec<String> = (0..n).map(|k| format!("{prefix}:{k}")).collect();
+            send_all(
+                con,
+                calls_per_key * n,
+                |p, i| {
+                    p.cmd("QUOTA.WINDOW")
+                        .arg(&keys[i % n])
+                        .arg(1_000_000_000)
+                        .arg(60_000)
+                        .arg("PRECISION")
+                        .arg(1000)
+                        .arg("AT")
+                        .arg(at(i, n));
+                },
+                |v| first_is(v, 1),
+            )
+        };
+        let lua_calls = |con: &mut Connection, prefix: &str, n: usize| -> Result<()> {
+            let keys: Vec<String> = (0..n).map(|k| format!("{prefix}:{k}")).collect();
+            send_all(
+                con,
+                calls_per_key * n,
+                |p, i| {
+                    p.cmd("EVALSHA")
+                        .arg(&window)
+                        .arg(1)
+                        .arg(&keys[i % n])
+                        .arg(1_000_000_000)
+                        .arg(60_000)
+                        .arg(i)
+                        .arg(at(i, n));
+                },
+                |v| is_int(v, 1),
+            )
+        };
+        module_calls(&mut con, "mwarm", warm)?;
         let m0 = settled_memory(&server, &mut con)?;
-        send_all(
-            &mut con,
-            total,
-            |p, i| {
-                p.cmd("QUOTA.WINDOW")
-                    .arg(&mkeys[i % window_keys])
-                    .arg(1_000_000_000)
-                    .arg(60_000)
-                    .arg("PRECISION")
-                    .arg(1000)
-                    .arg("AT")
-                    .arg(at(i));
-            },
-            |v| first_is(v, 1),
-        )?;
+        module_calls(&mut con, "mw", window_keys)?;
         let m1 = settled_memory(&server, &mut con)?;
-        let sample: Vec<String> = mkeys.iter().take(200).cloned().collect();
+        let sample: Vec<String> = (0..window_keys.min(200)).map(|k| format!("mw:{k}")).collect();
         r.module_window = PerItem {
             used_memory: (m1 - m0) as f64 / window_keys as f64,
             memory_usage: avg_usage(&mut con, &sample)?,
         };
-        send_all(
-            &mut con,
-            total,
-            |p, i| {
-                p.cmd("EVALSHA")
-                    .arg(&window)
-                    .arg(1)
-                    .arg(&lkeys[i % window_keys])
-                    .arg(1_000_000_000)
-                    .arg(60_000)
-                    .arg(i)
-                    .arg(at(i));
-            },
-            |v| is_int(v, 1),
-        )?;
+        lua_calls(&mut con, "lwarm", warm)?;
         let m2 = settled_memory(&server, &mut con)?;
-        let sample: Vec<String> = lkeys.iter().take(200).cloned().collect();
+        lua_calls(&mut con, "lw", window_keys)?;
+        let m3 = settled_memory(&server, &mut con)?;
+        let sample: Vec<String> = (0..window_keys.min(200)).map(|k| format!("lw:{k}")).collect();
         r.lua_window = PerItem {
-            used_memory: (m2 - m1) as f64 / window_keys as f64,
+            used_memory: (m3 - m2) as f64 / window_keys as f64,
             memory_usage: avg_usage(&mut con, &sample)?,
         };
-        r.lua_window_members = redis::cmd("ZCARD").arg(&lkeys[0]).query(&mut con)?;
+        r.lua_window_members = redis::cmd("ZCARD").arg("lw:0").query(&mut con)?;
     }
     Ok(r)
 }

@@ -206,16 +206,15 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
         return (0, 0);
     };
     let at = budget.now(now);
-    let mut lag = 0i64;
-    let mut released = 0usize;
-    for e in &effects {
-        if let Effect::Release { id } = e {
-            released = released.saturating_add(1);
-            if let Some(r) = budget.pending_reservation(id) {
-                lag = lag.max(at.saturating_sub(r.deadline_ms));
-            }
-        }
-    }
+    let released = effects
+        .iter()
+        .filter(|e| matches!(e, Effect::Release { .. }))
+        .count();
+    // Releases go soonest deadline first: the largest lag is the soonest deadline's.
+    let lag = match budget.book().first_deadline() {
+        Some(d) if released > 0 => at.saturating_sub(d).max(0),
+        _ => 0,
+    };
     // Applied at the key's own clock: a sweep is not a command and must not move the key's
     // time, so a swept key and an unswept one answer every later command alike.
     let key_clock = budget.clock_ms();
