@@ -868,3 +868,51 @@ fn non_ascii_time_zone_gets_an_ascii_error() {
     assert!(s.alive(), "server died; log:\n{}", s.log());
     assert_eq!(ok(&mut c, &["PING"]), Value::SimpleString("PONG".into()));
 }
+
+/// Found by this fuzz test: key names are bytes and may hold NUL, but the module rebuilt names
+/// with redis-module's `create_string` (`CString::new(..).unwrap()`): `RENAME a "x\0y"` of any
+/// key (the module watches renames) and the sweeper expiring a reservation in a budget whose
+/// name holds a NUL aborted Redis.
+#[test]
+fn key_names_with_nul_bytes_are_safe_everywhere() {
+    let mut s = Server::start(&[]);
+    let mut c = s.conn();
+    let q_bytes = |c: &mut redis::Connection, args: &[&[u8]]| -> Value {
+        let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    };
+    // A plain key renamed, copied and restored under a name with NUL (keyspace hook).
+    q_bytes(&mut c, &[b"SET", b"plain", b"1"]);
+    q_bytes(&mut c, &[b"RENAME", b"plain", b"x\0y"]);
+    q_bytes(&mut c, &[b"COPY", b"x\0y", b"z\0", b"REPLACE"]);
+    // A budget under such a name, renamed, then swept.
+    let key: &[u8] = b"b\0\r\n";
+    q_bytes(&mut c, &[b"QUOTA.SET", b"tmp\0", b"LIMIT", b"100"]);
+    q_bytes(&mut c, &[b"RENAME", b"tmp\0", key]);
+    let r = q_bytes(&mut c, &[b"QUOTA.RESERVE", key, b"7", b"TTL", b"20"]);
+    assert_eq!(items(&r)[0], Value::Int(1));
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg(b"r\0")
+        .arg(0)
+        .arg(dump)
+        .query(&mut c)
+        .unwrap();
+    // The sweeper releases both expired reservations (the budget and its restored copy).
+    let mut released = 0;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(20));
+        released = reliability::info_field(&mut c, "quota", "quota_sweeper_released");
+        if released >= 2 {
+            break;
+        }
+    }
+    assert!(s.alive(), "server died; log:\n{}", s.log());
+    assert_eq!(released, 2, "sweeper releases");
+    let snap = budget_snapshot(&mut c, key).unwrap().unwrap();
+    assert_eq!((snap.get("reserved"), snap.get("available")), (0, 100));
+    assert!(!s.log().contains("PANIC"));
+}

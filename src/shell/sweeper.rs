@@ -186,7 +186,9 @@ fn tick(ctx: &Context, _: ()) {
 
 /// Sweeps one key; returns (reservations released, largest lag in ms).
 fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usize) -> (usize, i64) {
-    let key_name = ctx.create_string(name);
+    // Not `ctx.create_string`: it goes through `CString::new(..).unwrap()` and panics on a key
+    // name containing a NUL byte, which is a valid Redis key.
+    let key_name = RedisString::create_from_slice(ctx.ctx, name);
     // Planned on a read-only open: a stale entry (key deleted, renamed, retyped) or a key with
     // nothing due writes nothing, so WATCH and client tracking see no change.
     let effects = {
@@ -237,7 +239,8 @@ pub fn on_keyspace_event(ctx: &Context, _event_type: NotifyEvent, event: &str, k
     if !matches!(event, "rename_to" | "move_to" | "copy_to" | "restore") {
         return;
     }
-    let key_name = ctx.create_string(key);
+    // NUL-safe, as in `sweep_key`: this hook sees every renamed, moved, copied or restored key.
+    let key_name = RedisString::create_from_slice(ctx.ctx, key);
     let k = ctx.open_key(&key_name);
     if let Ok(Some(budget)) = k.get_value::<Budget>(&BUDGET_TYPE) {
         track_budget(selected_db(ctx), key, budget);
