@@ -46,8 +46,16 @@ const ALLOWED_CODES: [&str; 7] = [
     "LIMIT",
 ];
 
+/// One name holds NUL, CR and LF: key names are bytes.
 const BUDGET_KEYS: [&str; 8] = [
-    "fz:b0", "fz:b1", "fz:b2", "fz:b3", "fz:b4", "fz:b5", "fz:b6", "fz:{b7}",
+    "fz:b0",
+    "fz:b1",
+    "fz:b2",
+    "fz:b3",
+    "fz:b4",
+    "fz:b5",
+    "fz:b6\u{0}\r\n",
+    "fz:{b7}",
 ];
 const WINDOW_KEYS: [&str; 4] = ["fz:w0", "fz:w1", "fz:w2", "fz:w3"];
 /// Keys of other types, missing keys, odd names.
@@ -391,8 +399,10 @@ impl Fuzzer {
             }
             _ => {
                 // Plain Redis traffic on our keys. Other types only land on the contested keys
-                // (fz:b6, fz:{b7}, fz:w3), which DEL and QUOTA.SET bring back.
-                let contested = b(self.rng.pick::<&str>(&["fz:b6", "fz:{b7}", "fz:w3"]));
+                // (fz:b6\0\r\n, fz:{b7}, fz:w3), which DEL and QUOTA.SET bring back.
+                let contested = b(self
+                    .rng
+                    .pick::<&str>(&["fz:b6\u{0}\r\n", "fz:{b7}", "fz:w3"]));
                 // Copies and renames stay within a kind: budget to budget, window to window.
                 let (any, other) = if self.rng.one_in(2) {
                     (self.budget_key().1, self.budget_key().1)
