@@ -299,7 +299,9 @@ pub fn measure_memory(
         let m0 = settled_memory(&server, &mut con)?;
         module_calls(&mut con, "mw", window_keys)?;
         let m1 = settled_memory(&server, &mut con)?;
-        let sample: Vec<String> = (0..window_keys.min(200)).map(|k| format!("mw:{k}")).collect();
+        let sample: Vec<String> = (0..window_keys.min(200))
+            .map(|k| format!("mw:{k}"))
+            .collect();
         r.module_window = PerItem {
             used_memory: (m1 - m0) as f64 / window_keys as f64,
             memory_usage: avg_usage(&mut con, &sample)?,
@@ -308,7 +310,9 @@ pub fn measure_memory(
         let m2 = settled_memory(&server, &mut con)?;
         lua_calls(&mut con, "lw", window_keys)?;
         let m3 = settled_memory(&server, &mut con)?;
-        let sample: Vec<String> = (0..window_keys.min(200)).map(|k| format!("lw:{k}")).collect();
+        let sample: Vec<String> = (0..window_keys.min(200))
+            .map(|k| format!("lw:{k}"))
+            .collect();
         r.lua_window = PerItem {
             used_memory: (m3 - m2) as f64 / window_keys as f64,
             memory_usage: avg_usage(&mut con, &sample)?,
