@@ -224,9 +224,12 @@ impl Budget {
         &self.period
     }
 
-    /// Has the period `used` belongs to ended by `now`?
+    /// Has the period `used` belongs to ended by `now`, with a next period to reset into?
+    /// A next period that cannot be computed (past year 9999) means no reset: reads, plans
+    /// and the Reset effect must agree, so all three go through here.
     fn period_ended(&self, now: i64) -> bool {
         matches!(self.period_bounds, Some((_, end)) if now >= end)
+            && matches!(self.period.bounds(now), Ok(Some(_)))
     }
 
     /// The period containing `now`: the stored bounds while they hold, else computed.
