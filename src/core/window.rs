@@ -55,8 +55,9 @@
 //!
 //! # Memory and determinism
 //!
-//! At most `ceil(horizon / precision) + 1 <= 4097` buckets of 12 bytes
-//! (a `u32` offset from a base index and an `i64` count), whatever the traffic;
+//! At most `ceil(horizon / precision) + 1 <= 4097` buckets of 8 bytes (a `u32` offset from a
+//! base index and a `u32` count; the counts widen to `i64`, 12 bytes a bucket, once one exceeds
+//! `u32::MAX`), whatever the traffic;
 //! their storage grows to at most that budget and is trimmed after a shrink.
 //! [`Window::check`] is pure (PEEK, and the decision of a counting call);
 //! [`Window::record`] is the deterministic effect of an admitted call, which a
@@ -213,7 +214,8 @@ struct Bucket {
     count: i64,
 }
 
-/// A sequence of [`Bucket`]s, oldest first, stored in 12 bytes each: bucket `i`
+/// A sequence of [`Bucket`]s, oldest first, stored in 8 bytes each (12 once a count does not
+/// fit a `u32`, see [`Counts`]): bucket `i`
 /// is `(base + offsets[i], counts[i])`. Any sequence whose indexes span at most
 /// `u32::MAX` fits (a valid window's span at most 4097); order is not enforced
 /// here (see [`Window::validate`]).
@@ -228,8 +230,149 @@ struct Buckets {
     base: i64,
     /// `index - base` of each bucket. Same length as `counts`.
     offsets: VecDeque<u32>,
-    counts: VecDeque<i64>,
+    counts: Counts,
 }
+
+/// The buckets' counts: 4 bytes each while every count fits a `u32` (rate limits count
+/// requests and tokens: practically always), 8 bytes once one does not.
+#[derive(Clone)]
+enum Counts {
+    Narrow(VecDeque<u32>),
+    Wide(VecDeque<i64>),
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts::Narrow(VecDeque::new())
+    }
+}
+
+impl Counts {
+    fn with_capacity(n: usize) -> Counts {
+        Counts::Narrow(VecDeque::with_capacity(n))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Counts::Narrow(v) => v.len(),
+            Counts::Wide(v) => v.len(),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Counts::Narrow(v) => v.capacity(),
+            Counts::Wide(v) => v.capacity(),
+        }
+    }
+
+    /// Bytes of one count in the current representation.
+    fn width(&self) -> usize {
+        match self {
+            Counts::Narrow(_) => std::mem::size_of::<u32>(),
+            Counts::Wide(_) => std::mem::size_of::<i64>(),
+        }
+    }
+
+    /// Switches to 8-byte counts (same capacity).
+    fn widen(&mut self) {
+        if let Counts::Narrow(v) = self {
+            let mut wide = VecDeque::with_capacity(v.capacity());
+            wide.extend(v.iter().map(|&c| i64::from(c)));
+            *self = Counts::Wide(wide);
+        }
+    }
+
+    fn push_back(&mut self, count: i64) {
+        if let Counts::Narrow(v) = self {
+            match u32::try_from(count) {
+                Ok(c) => return v.push_back(c),
+                Err(_) => self.widen(),
+            }
+        }
+        if let Counts::Wide(v) = self {
+            v.push_back(count);
+        }
+    }
+
+    fn pop_front(&mut self) {
+        match self {
+            Counts::Narrow(v) => {
+                v.pop_front();
+            }
+            Counts::Wide(v) => {
+                v.pop_front();
+            }
+        }
+    }
+
+    /// Sets the newest count (if any).
+    fn set_back(&mut self, count: i64) {
+        if let Counts::Narrow(v) = self {
+            match u32::try_from(count) {
+                Ok(c) => {
+                    if let Some(newest) = v.back_mut() {
+                        *newest = c;
+                    }
+                    return;
+                }
+                Err(_) => self.widen(),
+            }
+        }
+        if let Counts::Wide(v) = self {
+            if let Some(newest) = v.back_mut() {
+                *newest = count;
+            }
+        }
+    }
+
+    fn reserve_exact(&mut self, n: usize) {
+        match self {
+            Counts::Narrow(v) => v.reserve_exact(n),
+            Counts::Wide(v) => v.reserve_exact(n),
+        }
+    }
+
+    fn shrink_to_fit(&mut self) {
+        match self {
+            Counts::Narrow(v) => v.shrink_to_fit(),
+            Counts::Wide(v) => v.shrink_to_fit(),
+        }
+    }
+
+    fn iter(&self) -> CountsIter<'_> {
+        match self {
+            Counts::Narrow(v) => CountsIter::Narrow(v.iter()),
+            Counts::Wide(v) => CountsIter::Wide(v.iter()),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum CountsIter<'a> {
+    Narrow(std::collections::vec_deque::Iter<'a, u32>),
+    Wide(std::collections::vec_deque::Iter<'a, i64>),
+}
+
+impl Iterator for CountsIter<'_> {
+    type Item = i64;
+
+    fn next(&mut self) -> Option<i64> {
+        match self {
+            CountsIter::Narrow(it) => it.next().map(|&c| i64::from(c)),
+            CountsIter::Wide(it) => it.next().copied(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            CountsIter::Narrow(it) => it.size_hint(),
+            CountsIter::Wide(it) => it.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for CountsIter<'_> {}
 
 impl Buckets {
     /// Holds `buckets` (in their order), in storage of exactly their number.
@@ -257,7 +400,7 @@ impl Buckets {
         let mut out = Self {
             base,
             offsets: VecDeque::with_capacity(len),
-            counts: VecDeque::with_capacity(len),
+            counts: Counts::with_capacity(len),
         };
         for b in buckets {
             out.offsets
@@ -277,7 +420,7 @@ impl Buckets {
         self.offsets
             .iter()
             .zip(self.counts.iter())
-            .map(move |(&offset, &count)| Bucket {
+            .map(move |(&offset, count)| Bucket {
                 // Exact: every offset was stored as `index - base` of an i64 index.
                 index: base.saturating_add(i64::from(offset)),
                 count,
@@ -321,11 +464,7 @@ impl Buckets {
         }
         match add {
             Add::Nothing => {}
-            Add::ToNewest(count) => {
-                if let Some(newest) = self.counts.back_mut() {
-                    *newest = count;
-                }
-            }
+            Add::ToNewest(count) => self.counts.set_back(count),
             Add::Push(_) => {
                 if let Some((base, off, count)) = pushed {
                     self.base = base;
@@ -370,15 +509,18 @@ impl Buckets {
 
     /// Heap bytes of the storage (capacity, not length).
     fn heap_bytes(&self) -> usize {
+        let (offsets, counts) = self.allocations();
+        offsets.saturating_add(counts)
+    }
+
+    /// Bytes of the two allocations: offsets, counts.
+    fn allocations(&self) -> (usize, usize) {
         let offsets = self
             .offsets
             .capacity()
             .saturating_mul(std::mem::size_of::<u32>());
-        let counts = self
-            .counts
-            .capacity()
-            .saturating_mul(std::mem::size_of::<i64>());
-        offsets.saturating_add(counts)
+        let counts = self.counts.capacity().saturating_mul(self.counts.width());
+        (offsets, counts)
     }
 }
 
@@ -544,10 +686,17 @@ impl Window {
     }
 
     /// Heap bytes owned (bucket storage, by capacity), for MEMORY USAGE:
-    /// 12 per bucket slot. At most about `(1.5 * (ceil(horizon / precision) + 1) + 8) * 12`
-    /// after a record; under steady traffic exactly `12 * (ceil(horizon / precision) + 1)`.
+    /// 8 per bucket slot (12 with wide counts). At most about
+    /// `(1.5 * (ceil(horizon / precision) + 1) + 8) * 12` after a record; under steady traffic
+    /// exactly `8 * (ceil(horizon / precision) + 1)`.
     pub fn heap_bytes(&self) -> usize {
         self.buckets.heap_bytes()
+    }
+
+    /// The two heap allocations of the bucket storage, in bytes (offsets, counts), for
+    /// MEMORY USAGE in allocator size classes.
+    pub fn allocations(&self) -> (usize, usize) {
+        self.buckets.allocations()
     }
 
     /// Latest recorded time, unix ms.
@@ -1186,7 +1335,9 @@ mod tests {
             let b = held(&seq);
             assert_eq!(pairs(&b), seq);
             assert_eq!(b.len(), seq.len());
-            assert_eq!(b.heap_bytes(), 12 * seq.len());
+            // 8 bytes a bucket while every count fits a u32 (and here is not negative).
+            let narrow = seq.iter().all(|&(_, c)| u32::try_from(c).is_ok());
+            assert_eq!(b.heap_bytes(), if narrow { 8 } else { 12 } * seq.len());
         }
         for seq in [
             vec![(0, 1), (far + 1, 1)],
@@ -1267,7 +1418,8 @@ mod tests {
         assert_eq!(bytes, opts.serialize(&deque).unwrap());
         let back: Buckets = opts.deserialize(&bytes).unwrap();
         assert_eq!(back, b);
-        assert_eq!(back.heap_bytes(), 12 * seq.len());
+        let narrow = seq.iter().all(|&(_, c)| u32::try_from(c).is_ok());
+        assert_eq!(back.heap_bytes(), if narrow { 8 } else { 12 } * seq.len());
         // Out of order is kept (validate refuses it); too wide cannot be held.
         let odd: VecDeque<Bucket> = [(5, 1), (2, 1)]
             .iter()
@@ -1345,15 +1497,22 @@ mod tests {
     #[test]
     fn storage_fits_a_full_window_exactly() {
         // 60 s at 1 s, one call every 100 ms for 3 minutes: 61 buckets held,
-        // storage grown to exactly that budget (12 bytes each).
+        // storage grown to exactly that budget (8 bytes each: the counts fit a u32).
         let p = params(i64::MAX, 60_000, 1000, 1);
         let mut w = Window::new(&p, 0);
         for t in (0..180_000).step_by(100) {
             w.record(&p, t).unwrap();
-            assert!(w.heap_bytes() <= 61 * 12);
+            assert!(w.heap_bytes() <= 61 * 8);
         }
         assert_eq!(w.bucket_count(), 61);
+        assert_eq!(w.heap_bytes(), 61 * 8);
+        // A count beyond u32 widens the counts to 8 bytes, in place.
+        let big = params(i64::MAX, 60_000, 1000, i64::from(u32::MAX) + 1);
+        w.record(&big, 180_000).unwrap();
+        w.validate().unwrap();
         assert_eq!(w.heap_bytes(), 61 * 12);
+        w.record(&p, 180_001).unwrap();
+        w.validate().unwrap();
         w.validate().unwrap();
     }
 

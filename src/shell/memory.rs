@@ -48,12 +48,10 @@ pub fn budget_bytes(b: &Budget) -> usize {
 }
 
 /// MEMORY USAGE of a window: the boxed struct and its bucket storage, two arrays of the same
-/// capacity — 4-byte offsets and 8-byte counts, i.e. a third and two thirds of
-/// [`Window::heap_bytes`] — each one allocation.
+/// capacity (4-byte offsets; 4- or 8-byte counts, see [`Window::allocations`]), each one
+/// allocation.
 pub fn window_bytes(w: &Window) -> usize {
-    let heap = w.heap_bytes();
-    let offsets = heap / 3;
-    let counts = heap.saturating_sub(offsets);
+    let (offsets, counts) = w.allocations();
     alloc_size(size_of::<Window>())
         .saturating_add(alloc_size(offsets))
         .saturating_add(alloc_size(counts))
