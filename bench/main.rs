@@ -80,7 +80,7 @@ impl Config {
         };
         let secs: f64 = match env("BENCH_SECONDS") {
             Some(v) => v.parse()?,
-            None if quick => 0.6,
+            None if quick => 0.5,
             None => 2.0,
         };
         let sections = env("BENCH_ONLY")
@@ -89,7 +89,7 @@ impl Config {
             .map(|s| s.trim().to_string())
             .collect();
         let sweep_efforts = env("BENCH_SWEEP_EFFORT")
-            .unwrap_or_else(|| "1000".into())
+            .unwrap_or_else(|| "1000,20000".into())
             .split(',')
             .map(|s| s.trim().parse::<i64>())
             .collect::<std::result::Result<Vec<_>, _>>()?;
@@ -116,7 +116,7 @@ impl Config {
             window_rate: 10,
             sweep_keys: if quick { 100 } else { 1000 },
             sweep_per_key: 1000,
-            sweep_spread_ms: if quick { 2000 } else { 3000 },
+            sweep_spread_ms: if quick { 1000 } else { 3000 },
             sweep_efforts,
             out,
         })
@@ -206,23 +206,29 @@ fn run() -> Result<()> {
 
     if cfg.runs("sweeper") {
         let hint = results.ops_per_sec(Kind::Reserve, 16).unwrap_or(60_000.0);
-        for &effort in &cfg.sweep_efforts {
+        // A storm (every reservation expires within the spread) at each effort, then the steady
+        // case at the default effort: one in a hundred expires, among all the others pending.
+        let mut scenarios: Vec<(usize, i64)> = cfg.sweep_efforts.iter().map(|&e| (1, e)).collect();
+        scenarios.push((100, 1000));
+        for (every, effort) in scenarios {
             eprintln!(
-                "bench: sweeper ({} × {} pending, sweep-effort {effort})…",
+                "bench: sweeper ({} × {} pending, 1 in {every} expiring, sweep-effort {effort})…",
                 cfg.sweep_keys, cfg.sweep_per_key
             );
             let r = memory::measure_sweeper(
                 &module,
                 cfg.sweep_keys,
                 cfg.sweep_per_key,
+                every,
                 cfg.sweep_spread_ms,
                 effort,
                 hint,
             )?;
             eprintln!(
-                "bench: sweeper: peak {} pending, max lag {} ms, drained {} ms after the last \
-                 deadline",
+                "bench: sweeper: peak {} pending ({} expiring), max lag {} ms, drained {} ms after \
+                 the last deadline",
                 r.pending_peak,
+                r.expiring,
                 r.max_lag_ms,
                 r.drain_after_last_ms
                     .map_or("(timed out)".into(), |d| d.to_string())

@@ -335,6 +335,8 @@ pub fn now_ms() -> i64 {
 pub struct SweepResult {
     pub effort: i64,
     pub pending_peak: i64,
+    /// How many of them expired during the run.
+    pub expiring: i64,
     pub spread_ms: i64,
     /// Largest (release − deadline) the sweeper reported, ms.
     pub max_lag_ms: i64,
@@ -348,14 +350,19 @@ pub struct SweepResult {
     pub max_poll_gap_ms: i64,
 }
 
+/// `every`: one reservation in `every` expires (over `spread_ms`); the others are held for an
+/// hour, so the sweeper works among `keys × per_key` pending all along.
+#[allow(clippy::too_many_arguments)]
 pub fn measure_sweeper(
     module: &Path,
     keys: usize,
     per_key: usize,
+    every: usize,
     spread_ms: i64,
     effort: i64,
     create_rate_hint: f64,
 ) -> Result<SweepResult> {
+    let every = every.max(1);
     let effort_arg = effort.to_string();
     let server = Server::start(module, "sweep", &["sweep-effort", &effort_arg])?;
     let mut con = server.connection()?;
@@ -369,7 +376,7 @@ pub fn measure_sweeper(
             .query::<i64>(&mut con)?;
     }
     // Deadlines start after the (estimated, generously) creation time.
-    let est_ms = (total as f64 / create_rate_hint.max(10_000.0) * 1500.0) as i64 + 1000;
+    let est_ms = (total as f64 / create_rate_hint.max(10_000.0) * 1500.0) as i64 + 300;
     let base = now_ms() + est_ms;
     let started = Instant::now();
     let threads = 2usize;
@@ -387,7 +394,11 @@ pub fn measure_sweeper(
                         let now = now_ms();
                         let mut p = redis::pipe();
                         for &i in chunk {
-                            let deadline = base + spread_ms * i as i64 / total as i64;
+                            let deadline = if i % every == 0 {
+                                base + spread_ms * i as i64 / total as i64
+                            } else {
+                                base + 3_600_000
+                            };
                             p.cmd("QUOTA.RESERVE")
                                 .arg(&names[i % keys])
                                 .arg(1)
@@ -418,11 +429,13 @@ pub fn measure_sweeper(
         );
     }
     let pending_peak = info_i64(&mut con, "quota", "quota_pending_reservations")?;
+    let expiring = i64::try_from(total.div_ceil(every)).unwrap_or(i64::MAX);
+    let kept = pending_peak - expiring;
     let last_deadline = base + spread_ms;
     // Generous: the sweeper's nominal rate (effort per 50 ms tick) with a 3x margin.
     let nominal = (effort.max(1) * 20) as f64;
     let timeout = Duration::from_millis(
-        (spread_ms + est_ms) as u64 + (total as f64 / nominal * 3000.0) as u64 + 10_000,
+        (spread_ms + est_ms) as u64 + (expiring as f64 / nominal * 3000.0) as u64 + 10_000,
     );
     let mut drain_after_last_ms = None;
     let mut first_release: Option<(Instant, i64)> = None;
@@ -444,7 +457,7 @@ pub fn measure_sweeper(
             first_release = Some((Instant::now(), pending));
         }
         end_pending = pending;
-        if pending == 0 {
+        if pending <= kept {
             drain_after_last_ms = Some((now_ms() - last_deadline).max(0));
             break;
         }
@@ -457,6 +470,7 @@ pub fn measure_sweeper(
     Ok(SweepResult {
         effort,
         pending_peak,
+        expiring,
         spread_ms,
         max_lag_ms,
         drain_after_last_ms,

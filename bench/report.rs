@@ -252,23 +252,25 @@ pub fn render(cfg: &Config, r: &Results) -> String {
         let _ = writeln!(s, "### Sweeper\n");
         let _ = writeln!(
             s,
-            "Pending reservations spread evenly over keys ({} × {}), deadlines spread evenly over \
-             the given time after all were created; nobody touches the keys, so only the \
-             sweeper (every 50 ms, at most `quota.sweep-effort` releases per tick) releases \
-             them. Max lag: `quota_sweeper_max_lag_ms` (release − deadline).\n",
+            "Pending reservations spread evenly over keys ({} × {}); those that expire have \
+             deadlines spread evenly over the given time after all were created (a storm: all of \
+             them; steady: one in a hundred, the others held for an hour). Nobody touches the \
+             keys, so only the sweeper (every 50 ms, at most `quota.sweep-effort` releases per \
+             tick) releases them. Max lag: `quota_sweeper_max_lag_ms` (release − deadline).\n",
             cfg.sweep_keys, cfg.sweep_per_key
         );
         let _ = writeln!(
             s,
-            "| sweep-effort | peak pending | deadlines over | create time | max lag | all released, after last deadline | releases/s | longest INFO gap |"
+            "| sweep-effort | pending | expiring | deadlines over | create time | max lag | all released, after last deadline | releases/s | longest INFO gap |"
         );
-        let _ = writeln!(s, "|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(s, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
         for w in &r.sweeper {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} ms | {} ms | {} ms | {} | {:.0} | {} ms |",
+                "| {} | {} | {} | {} ms | {} ms | {} ms | {} | {:.0} | {} ms |",
                 w.effort,
                 w.pending_peak,
+                w.expiring,
                 w.spread_ms,
                 w.create_ms,
                 w.max_lag_ms,
@@ -366,8 +368,10 @@ fn goals(cfg: &Config, r: &Results) -> String {
     );
     for w in &r.sweeper {
         let label = format!(
-            "sweeper lag, {} pending (sweep-effort {}){}",
+            "sweeper lag, {} pending, {} expiring over {} s (sweep-effort {}){}",
             w.pending_peak,
+            w.expiring,
+            w.spread_ms / 1000,
             w.effort,
             if cfg.quick { " — QUICK size" } else { "" }
         );

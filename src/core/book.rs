@@ -531,6 +531,22 @@ fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished
     }
 }
 
+/// Removes handle `h` from a time index. The soonest entry (what expiry and forgetting take)
+/// is found without comparing keys: it is the leftmost, below every other.
+fn remove_handle(tree: &mut HTree, h: u32, probe: impl Fn(u32) -> Ordering) {
+    if tree.first() == Some(h) {
+        tree.remove(|x| {
+            if x == h {
+                Ordering::Equal
+            } else {
+                Ordering::Less
+            }
+        });
+    } else {
+        tree.remove(probe);
+    }
+}
+
 /// Takes pending slot `h` out of the slab and the deadline index. The id index must no longer
 /// hold `h` for this entry (removed, or pointing at the entry's new slot); the long-id store is
 /// the caller's.
@@ -542,8 +558,9 @@ fn take_pending(
 ) -> Option<PendingSlot> {
     {
         let store = &*store;
-        let key = store.pending_key(h);
-        by_deadline.remove(|x| key.cmp(&store.pending_key(x)));
+        remove_handle(by_deadline, h, |x| {
+            store.pending_key(h).cmp(&store.pending_key(x))
+        });
         // The last slot moves into `h`: point its index entries at `h` first.
         if let Some(last) = store.pending.last_handle().filter(|&l| l != h) {
             let moved = store.pending_key(last);
@@ -563,8 +580,9 @@ fn take_finished(
 ) -> Option<FinishedSlot> {
     {
         let store = &*store;
-        let key = store.finished_key(h);
-        by_finish.remove(|x| key.cmp(&store.finished_key(x)));
+        remove_handle(by_finish, h, |x| {
+            store.finished_key(h).cmp(&store.finished_key(x))
+        });
         if let Some(last) = store.finished.last_handle().filter(|&l| l != h) {
             let moved = store.finished_key(last);
             by_finish.replace(|x| moved.cmp(&store.finished_key(x)), h);
