@@ -56,6 +56,15 @@ pub fn track(db: i32, key: &[u8], due: Option<i64>) {
     if current == due {
         return;
     }
+    // An entry due earlier than needed is harmless: the sweeper pops it, finds nothing due yet
+    // and indexes the key again at its real time. So a due time that only moved later is left
+    // as it is — the common case: settling or rolling back the oldest reservation moves the
+    // soonest deadline later on every write.
+    if let (Some(old), Some(new)) = (current, due) {
+        if old <= new {
+            return;
+        }
+    }
     let ix = &mut *ix;
     let keys = ix.by_key.entry(db).or_default();
     if let Some(old) = current {
