@@ -134,6 +134,12 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
+    // Server-event subscriptions go with the module if the load fails; keyspace ones do not,
+    // so they come last.
+    if !shell::sweeper::subscribe_db_events(ctx) {
+        ctx.log_warning("quota: not loaded: could not subscribe to FLUSHDB/SWAPDB events");
+        return Status::Err;
+    }
     if !subscribe_keyspace_events(ctx) {
         ctx.log_warning("quota: not loaded: could not subscribe to keyspace events");
         return Status::Err;

@@ -32,6 +32,7 @@ use proptest::test_runner::TestCaseError;
 use redis_quota::core::book::{Outcome, Reservation};
 use redis_quota::core::error::LedgerError;
 use redis_quota::core::id::StreamId;
+use redis_quota::core::ledger::MAX_TTL_MS;
 use redis_quota::core::ledger::{
     Budget, Effect, IdState, Plan, Policy, ReserveReply, RollbackStatus, Settings, SettleStatus,
     View,
@@ -405,7 +406,7 @@ impl Model {
                 if s.limit < 0
                     || s.overdraft < 0
                     || s.max_reserve.is_some_and(|m| m < 0)
-                    || s.default_ttl_ms <= 0
+                    || !(1..=MAX_TTL_MS).contains(&s.default_ttl_ms)
                     || new_used.is_some_and(|u| u < 0)
                 {
                     return pred_err(ErrKind::Invalid);
@@ -446,7 +447,7 @@ impl Model {
                     return pred_err(ErrKind::TooManyPending(self.max_pending));
                 }
                 let ttl = ttl.unwrap_or(self.settings.default_ttl_ms);
-                if ttl <= 0 {
+                if !(1..=MAX_TTL_MS).contains(&ttl) {
                     return pred_err(ErrKind::Invalid);
                 }
                 // A deadline past the end of time is a bad TTL, not an amount overflow.
@@ -521,7 +522,7 @@ impl Model {
                 s => pred_err(ErrKind::Conflict(id.clone(), s.name())),
             },
             Cmd::Extend { id, ttl } => {
-                if *ttl <= 0 {
+                if !(1..=MAX_TTL_MS).contains(ttl) {
                     return pred_err(ErrKind::Invalid);
                 }
                 match self.lstate(id, now) {

@@ -639,3 +639,32 @@ fn info_quota_counts_window_keys_and_decisions() {
     ok(&mut c, &["DEL", "w1", "w2"]);
     assert_eq!(quota_info_section(&mut c)["quota_window_keys"], 1);
 }
+
+/// SWAPDB and FLUSHALL move or drop keys without keyspace events: the sweeper's index follows
+/// them through server events, so swapped budgets are still swept.
+#[test]
+fn sweeper_follows_swapdb_and_flushall() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["SELECT", "5"]);
+    ok(&mut c, &["QUOTA.SET", "sw", "LIMIT", "100"]);
+    for _ in 0..5 {
+        ok(&mut c, &["QUOTA.RESERVE", "sw", "1", "TTL", "150"]);
+    }
+    ok(&mut c, &["SWAPDB", "0", "5"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while quota_info_section(&mut c)["quota_pending_reservations"] != 0 {
+        assert!(Instant::now() < deadline, "swapped budget never swept");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    ok(&mut c, &["SELECT", "0"]);
+    assert_eq!(info(&mut c, "sw")["pending"], 0);
+    ok(&mut c, &["QUOTA.RESERVE", "sw", "1", "TTL", "100000"]);
+    assert!(quota_info_section(&mut c)["quota_sweeper_indexed_keys"] >= 1);
+    ok(&mut c, &["FLUSHALL"]);
+    let i = quota_info_section(&mut c);
+    assert_eq!(
+        (i["quota_sweeper_indexed_keys"], i["quota_budget_keys"]),
+        (0, 0)
+    );
+}

@@ -153,17 +153,28 @@ fn ids_longer_than_max_id_length_are_refused_everywhere() {
     let longest = "i".repeat(128);
     let too_long = "i".repeat(129);
     ok(&mut c, &["QUOTA.RESERVE", "t", "1", "ID", &longest]);
+    // New ids are held to quota.max-id-length.
     for cmd in [
         vec!["QUOTA.RESERVE", "t", "1", "ID", &too_long],
         vec!["QUOTA.CHARGE", "t", "1", "ID", &too_long],
-        vec!["QUOTA.SETTLE", "t", &too_long, "1"],
-        vec!["QUOTA.ROLLBACK", "t", &too_long],
-        vec!["QUOTA.EXTEND", "t", &too_long, "1000"],
     ] {
         let (code, msg) = err(&mut c, &cmd);
         assert_eq!(code, "ERR", "{cmd:?}");
         assert!(msg.contains("longer than 128 bytes"), "{msg}");
     }
+    // Existing ids only to the hard cap (64 KiB): lowering the config never strands a
+    // reservation made under a higher one. This one was never made.
+    for cmd in [
+        vec!["QUOTA.SETTLE", "t", &too_long, "1"],
+        vec!["QUOTA.ROLLBACK", "t", &too_long],
+        vec!["QUOTA.EXTEND", "t", &too_long, "1000"],
+    ] {
+        assert_eq!(err(&mut c, &cmd).0, "NORESERVATION", "{cmd:?}");
+    }
+    let beyond_hard_cap = "i".repeat(65537);
+    let (code, msg) = err(&mut c, &["QUOTA.SETTLE", "t", &beyond_hard_cap, "1"]);
+    assert_eq!(code, "ERR");
+    assert!(msg.contains("longer than 65536 bytes"), "{msg}");
     let i = info(&mut c, "t");
     assert_eq!((i["pending"], i["used"], i["reserved"]), (1, 0, 1));
     // The config is bounded too: at most 64 KiB.
@@ -612,4 +623,50 @@ fn a_refused_module_load_leaves_redis_running() {
     ok(&mut c, &["QUOTA.SET", "quota:t", "LIMIT", "5"]);
     ok(&mut c, &["RENAME", "quota:t", "quota:u"]);
     assert_eq!(info(&mut c, "quota:u")["limit"], 5);
+}
+
+/// A reservation made under a higher quota.max-id-length can still be settled after the cap
+/// is lowered.
+#[test]
+fn lowering_max_id_length_never_strands_a_reservation() {
+    let s = Server::start_with_module_args(&[], &["max-id-length", "1000"]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100"]);
+    let id = "x".repeat(500);
+    ok(&mut c, &["QUOTA.RESERVE", "t", "10", "ID", &id]);
+    ok(&mut c, &["CONFIG", "SET", "quota.max-id-length", "128"]);
+    let r = items(&ok(&mut c, &["QUOTA.SETTLE", "t", &id, "7"]));
+    assert_eq!((text(&r[0]), int(&r[1])), ("settled".to_string(), 7));
+    assert_eq!(info(&mut c, "t")["used"], 7);
+}
+
+/// A TTL whose deadline could overflow is refused up front, so it can never make later
+/// RESERVEs on the key fail.
+#[test]
+fn ttl_is_capped_where_it_is_set() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let max = i64::MAX.to_string();
+    assert_eq!(
+        err(&mut c, &["QUOTA.SET", "t", "LIMIT", "1", "TTL", &max]).0,
+        "ERR"
+    );
+    assert_eq!(keys(&mut c), Vec::<String>::new());
+    assert_eq!(
+        err(&mut c, &["CONFIG", "SET", "quota.default-ttl", &max]).0,
+        "ERR"
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "t", "LIMIT", "1", "TTL", "1000000000000000"],
+    );
+    assert_eq!(int(&items(&ok(&mut c, &["QUOTA.RESERVE", "t", "1"]))[0]), 1);
+    assert_eq!(
+        err(
+            &mut c,
+            &["QUOTA.RESERVE", "t", "0", "TTL", "1000000000000001"]
+        )
+        .0,
+        "ERR"
+    );
 }

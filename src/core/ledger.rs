@@ -31,6 +31,9 @@ use crate::core::period::Period;
 pub const DEFAULT_TTL_MS: i64 = 3_600_000;
 /// How long finished ids are remembered by default: 1 hour.
 pub const DEFAULT_KEEP_MS: i64 = 3_600_000;
+/// Longest reservation TTL (ms): 10^15 ms, about 31,700 years. Larger TTLs would let a
+/// deadline overflow i64 and make every later RESERVE on the key fail.
+pub const MAX_TTL_MS: i64 = 1_000_000_000_000_000;
 /// Most expired reservations released, and most finished ids forgotten, by one write.
 pub const MAINTENANCE_BATCH: usize = 64;
 
@@ -652,8 +655,10 @@ impl Budget {
             });
         }
         let ttl = ttl_ms.unwrap_or(self.settings.default_ttl_ms);
-        if ttl <= 0 {
-            return Err(LedgerError::Invalid("TTL must be positive"));
+        if !(1..=MAX_TTL_MS).contains(&ttl) {
+            return Err(LedgerError::Invalid(
+                "TTL must be positive and at most 1000000000000000 ms",
+            ));
         }
         let deadline_ms = now.checked_add(ttl).ok_or(LedgerError::Invalid(
             "TTL too large: the deadline would overflow",
@@ -796,8 +801,10 @@ impl Budget {
         id: &[u8],
         ttl_ms: i64,
     ) -> Result<Plan<i64>, LedgerError> {
-        if ttl_ms <= 0 {
-            return Err(LedgerError::Invalid("TTL must be positive"));
+        if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
+            return Err(LedgerError::Invalid(
+                "TTL must be positive and at most 1000000000000000 ms",
+            ));
         }
         match self.id_state(id, now, policy.keep_ms) {
             IdState::Unknown => Err(LedgerError::NoReservation { id: id.to_vec() }),
@@ -1205,8 +1212,10 @@ pub fn validate_settings(s: &Settings) -> Result<(), LedgerError> {
     if matches!(s.max_reserve, Some(m) if m < 0) {
         return Err(LedgerError::Invalid("MAXRESERVE must not be negative"));
     }
-    if s.default_ttl_ms <= 0 {
-        return Err(LedgerError::Invalid("TTL must be positive"));
+    if !(1..=MAX_TTL_MS).contains(&s.default_ttl_ms) {
+        return Err(LedgerError::Invalid(
+            "TTL must be positive and at most 1000000000000000 ms",
+        ));
     }
     Ok(())
 }

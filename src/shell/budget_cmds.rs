@@ -413,7 +413,9 @@ struct KeyIdArgs<'a> {
 fn key_id_tail<'a>(a: &mut Args<'a>, extra: usize) -> Result<KeyIdArgs<'a>, RedisError> {
     let key = a.next_string()?;
     let id = a.next_bytes()?;
-    check_id(id, config::max_id_length())?;
+    // SETTLE, ROLLBACK and EXTEND name an existing id: only the hard cap applies, so lowering
+    // quota.max-id-length never strands a reservation made under a higher one.
+    check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
     let mut nums = Vec::with_capacity(extra);
     for _ in 0..extra {
         nums.push(a.next_i64()?);

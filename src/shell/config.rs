@@ -23,7 +23,7 @@ pub static TEST_CLOCK: AtomicBool = AtomicBool::new(false);
 
 /// Ranges of the integer configs: their registration in `src/lib.rs` and the check of
 /// `loadmodule` arguments ([`check_module_args`]) use the same bounds.
-pub const DEFAULT_TTL_RANGE: (i64, i64) = (1, i64::MAX);
+pub const DEFAULT_TTL_RANGE: (i64, i64) = (1, crate::core::ledger::MAX_TTL_MS);
 pub const FINISHED_TTL_RANGE: (i64, i64) = (0, i64::MAX);
 pub const MAX_PENDING_RANGE: (i64, i64) = (1, i64::MAX);
 pub const MAX_ID_LENGTH_RANGE: (i64, i64) = (1, 65_536);

@@ -255,3 +255,99 @@ pub fn on_keyspace_event(ctx: &Context, _event_type: NotifyEvent, event: &str, k
         track_budget(selected_db(ctx), key, budget);
     }
 }
+
+/// Subscribes to FLUSHDB/FLUSHALL and SWAPDB, which move or drop keys without keyspace events
+/// the index could follow: a flush drops the flushed databases' entries, a swap exchanges two
+/// databases' entries, so swapped budgets keep being swept. Returns false if Redis refused.
+pub fn subscribe_db_events(ctx: &Context) -> bool {
+    let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
+        return false;
+    };
+    let events = [
+        (raw::REDISMODULE_EVENT_FLUSHDB, on_flush as DbEventFn),
+        (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb as DbEventFn),
+    ];
+    events.into_iter().all(|(id, cb)| {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: a live load context and a callback with the C signature Redis expects.
+        unsafe { subscribe(ctx.ctx, event, Some(cb)) == raw::REDISMODULE_OK as c_int }
+    })
+}
+
+type DbEventFn = unsafe extern "C" fn(
+    *mut raw::RedisModuleCtx,
+    raw::RedisModuleEvent,
+    u64,
+    *mut std::os::raw::c_void,
+);
+
+/// FLUSHDB / FLUSHALL (dbnum −1): forget the flushed databases' entries.
+unsafe extern "C" fn on_flush(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut std::os::raw::c_void,
+) {
+    // The data is only read at the start of the flush (subevent 0).
+    if subevent != 0 {
+        return;
+    }
+    let Some(info) = data.cast::<raw::RedisModuleFlushInfo>().as_ref() else {
+        return;
+    };
+    let db = info.dbnum;
+    let mut ix = index();
+    let ix = &mut *ix;
+    ix.by_due.retain(|(_, d, _)| db != -1 && *d != db);
+    if db == -1 {
+        ix.by_key.clear();
+    } else {
+        ix.by_key.remove(&db);
+    }
+    ix.keys = ix
+        .by_key
+        .values()
+        .map(HashMap::len)
+        .fold(0usize, usize::saturating_add);
+    stats::set(
+        &stats::SWEEP_INDEXED_KEYS,
+        i64::try_from(ix.keys).unwrap_or(i64::MAX),
+    );
+}
+
+/// SWAPDB a b: the two databases' entries change places.
+unsafe extern "C" fn on_swapdb(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut std::os::raw::c_void,
+) {
+    let Some(info) = data.cast::<raw::RedisModuleSwapDbInfo>().as_ref() else {
+        return;
+    };
+    let (a, b) = (info.dbnum_first, info.dbnum_second);
+    let swap = |d: i32| {
+        if d == a {
+            b
+        } else if d == b {
+            a
+        } else {
+            d
+        }
+    };
+    let mut ix = index();
+    let ix = &mut *ix;
+    let by_due = std::mem::take(&mut ix.by_due);
+    ix.by_due = by_due
+        .into_iter()
+        .map(|(due, d, key)| (due, swap(d), key))
+        .collect();
+    let first = ix.by_key.remove(&a);
+    let second = ix.by_key.remove(&b);
+    if let Some(m) = first {
+        ix.by_key.insert(b, m);
+    }
+    if let Some(m) = second {
+        ix.by_key.insert(a, m);
+    }
+}
