@@ -169,7 +169,7 @@ fn run() -> Result<()> {
                         _ => None,
                     };
                     run.prefill_per_thread = pace.map_or(0, |ops| {
-                        (ops * cfg.duration.as_secs_f64() * 4.0 / cfg.threads as f64) as usize
+                        (ops * cfg.duration.as_secs_f64() * 2.0 / cfg.threads as f64) as usize
                             + 4 * depth
                     });
                     let m: Measure = load::measure(&run, kind, depth)?;
