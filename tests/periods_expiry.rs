@@ -292,17 +292,7 @@ fn lazy_reset_is_replicated_and_survives_aof_replay() {
     let replica = Server::start_with_module_args(&[], &["sweep-effort", "0"]);
     let mut m = master.conn();
     let mut r = replica.conn();
-    ok(
-        &mut r,
-        &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
-    );
-    for _ in 0..200 {
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut r).unwrap();
-        if info.contains("master_link_status:up") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    replica.replicate_from(&master);
     let hour = 3_600_000i64;
     ok(
         &mut m,
@@ -351,17 +341,7 @@ fn sweeper_releases_untouched_expired_reservations_and_replicates() {
     let replica = Server::start(&[]);
     let mut m = master.conn();
     let mut r = replica.conn();
-    ok(
-        &mut r,
-        &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
-    );
-    for _ in 0..200 {
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut r).unwrap();
-        if info.contains("master_link_status:up") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    replica.replicate_from(&master);
     for k in 0..20 {
         let key = format!("s{k}");
         ok(&mut m, &["QUOTA.SET", &key, "LIMIT", "1000"]);

@@ -119,17 +119,7 @@ fn replica_reaches_identical_digests() {
         Server::start_with_module_args(&[], &["finished-ttl", "999999", "max-pending", "1"]);
     let mut m = master.conn();
     let mut r = replica.conn();
-    ok(
-        &mut r,
-        &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
-    );
-    for _ in 0..200 {
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut r).unwrap();
-        if info.contains("master_link_status:up") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    replica.replicate_from(&master);
     workload(&mut m, 42, 1500);
     // Quiescence: every short TTL (<= 90 ms) and every finished id (300 ms) is now due and
     // handled by the master's sweeper, which replicates each release and forget.

@@ -685,17 +685,6 @@ fn state(c: &mut redis::Connection) -> Vec<(String, String, i64)> {
         .collect()
 }
 
-fn wait_for_link(r: &mut redis::Connection) {
-    for _ in 0..200 {
-        let info: String = redis::cmd("INFO").arg("replication").query(r).unwrap();
-        if info.contains("master_link_status:up") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("replica link did not come up");
-}
-
 #[test]
 fn replica_reaches_identical_values_and_expiries() {
     let master = Server::start(&[]);
@@ -711,7 +700,7 @@ fn replica_reaches_identical_values_and_expiries() {
         &mut r,
         &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
     );
-    wait_for_link(&mut r);
+    wait_link_up(&mut r);
     workload(&mut m, 42, 2000);
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
     assert_eq!(acked, 1);

@@ -159,6 +159,16 @@ impl Server {
             .unwrap()
     }
 
+    /// Makes this server a replica of `master` and waits until the link is up.
+    pub fn replicate_from(&self, master: &Server) {
+        let mut c = self.conn();
+        ok(
+            &mut c,
+            &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
+        );
+        wait_link_up(&mut c);
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
     }
@@ -330,4 +340,19 @@ pub fn all_digests(con: &mut redis::Connection) -> Vec<(String, String)> {
             (k, d)
         })
         .collect()
+}
+
+/// Waits (up to 10 s) until a replica's link to its master is up.
+pub fn wait_link_up(replica: &mut redis::Connection) {
+    for _ in 0..400 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(replica)
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("replica link did not come up");
 }
