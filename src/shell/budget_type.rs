@@ -21,28 +21,57 @@ pub const BUDGET_TYPE_NAME: &str = "rq-budget";
 pub static BUDGET_TYPE: RedisType = RedisType::new(
     BUDGET_TYPE_NAME,
     BUDGET_ENCVER,
+    type_methods(TypeCallbacks {
+        rdb_load,
+        rdb_save,
+        aof_rewrite,
+        free,
+        mem_usage,
+        digest,
+        copy,
+    }),
+);
+
+/// The callbacks both module types implement; everything else Redis offers stays unset.
+pub(crate) struct TypeCallbacks {
+    pub rdb_load: unsafe extern "C" fn(*mut raw::RedisModuleIO, c_int) -> *mut c_void,
+    pub rdb_save: unsafe extern "C" fn(*mut raw::RedisModuleIO, *mut c_void),
+    pub aof_rewrite:
+        unsafe extern "C" fn(*mut raw::RedisModuleIO, *mut raw::RedisModuleString, *mut c_void),
+    pub free: unsafe extern "C" fn(*mut c_void),
+    pub mem_usage: unsafe extern "C" fn(*const c_void) -> usize,
+    pub digest: unsafe extern "C" fn(*mut raw::RedisModuleDigest, *mut c_void),
+    pub copy: unsafe extern "C" fn(
+        *mut raw::RedisModuleString,
+        *mut raw::RedisModuleString,
+        *const c_void,
+    ) -> *mut c_void,
+}
+
+/// The method table for a type with `cb`: RDB, AOF rewrite, free, MEMORY USAGE, digest, COPY.
+pub(crate) const fn type_methods(cb: TypeCallbacks) -> raw::RedisModuleTypeMethods {
     raw::RedisModuleTypeMethods {
         version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
-        rdb_load: Some(rdb_load),
-        rdb_save: Some(rdb_save),
-        aof_rewrite: Some(aof_rewrite),
-        free: Some(free),
-        mem_usage: Some(mem_usage),
-        digest: Some(digest),
+        rdb_load: Some(cb.rdb_load),
+        rdb_save: Some(cb.rdb_save),
+        aof_rewrite: Some(cb.aof_rewrite),
+        free: Some(cb.free),
+        mem_usage: Some(cb.mem_usage),
+        digest: Some(cb.digest),
         aux_load: None,
         aux_save: None,
         aux_save2: None,
         aux_save_triggers: 0,
         free_effort: None,
         unlink: None,
-        copy: Some(copy),
+        copy: Some(cb.copy),
         defrag: None,
         copy2: None,
         free_effort2: None,
         mem_usage2: None,
         unlink2: None,
-    },
-);
+    }
+}
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     let Some(budget) = value.cast::<Budget>().as_ref() else {

@@ -11,7 +11,7 @@ use std::os::raw::{c_int, c_void};
 use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::window::Window;
-use crate::shell::budget_type::{add_digest, emit_load};
+use crate::shell::budget_type::{add_digest, emit_load, type_methods, TypeCallbacks};
 use crate::shell::persist::{decode_window, encode_window, WINDOW_ENCVER};
 use crate::shell::stats;
 
@@ -22,27 +22,15 @@ pub const WINDOW_TYPE_NAME: &str = "rq-window";
 pub static WINDOW_TYPE: RedisType = RedisType::new(
     WINDOW_TYPE_NAME,
     WINDOW_ENCVER,
-    raw::RedisModuleTypeMethods {
-        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
-        rdb_load: Some(rdb_load),
-        rdb_save: Some(rdb_save),
-        aof_rewrite: Some(aof_rewrite),
-        free: Some(free),
-        mem_usage: Some(mem_usage),
-        digest: Some(digest),
-        aux_load: None,
-        aux_save: None,
-        aux_save2: None,
-        aux_save_triggers: 0,
-        free_effort: None,
-        unlink: None,
-        copy: Some(copy),
-        defrag: None,
-        copy2: None,
-        free_effort2: None,
-        mem_usage2: None,
-        unlink2: None,
-    },
+    type_methods(TypeCallbacks {
+        rdb_load,
+        rdb_save,
+        aof_rewrite,
+        free,
+        mem_usage,
+        digest,
+        copy,
+    }),
 );
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
