@@ -130,8 +130,13 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     install_panic_hook();
-    // Without it a short read during RDB load is a server panic and replicas refuse diskless load.
-    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    // HANDLE_IO_ERRORS: without it a short read during RDB load is a server panic and replicas
+    // refuse diskless load. NO_IMPLICIT_SIGNAL_MODIFIED: every writable open goes through
+    // `shell::key::ModuleKey`, which signals the keys it changed (one open per write).
+    ctx.set_module_options(
+        redis_module::ModuleOptions::HANDLE_IO_ERRORS
+            | redis_module::ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED,
+    );
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
     // Server-event subscriptions go with the module if the load fails; keyspace ones do not,

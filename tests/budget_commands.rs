@@ -617,3 +617,77 @@ fn command_key_positions_route_in_cluster() {
         assert_eq!(keys, vec!["tenant:{a}".to_string()], "{cmd}");
     }
 }
+
+/// The module opens each key once and signals it modified only when a call wrote something
+/// (`REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED`): WATCH sees every change and nothing
+/// else.
+#[test]
+fn watch_sees_every_change_and_nothing_else() {
+    let s = clock_server();
+    let mut c = s.conn();
+    let at = |d: i64| (1_700_000_000_000i64 + d).to_string();
+    ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100", "AT", &at(0)]);
+    let touched = |c: &mut redis::Connection, args: &[&str]| {
+        !untouched(c, "t", |c| {
+            let _: redis::RedisResult<Value> = redis::cmd(args[0]).arg(&args[1..]).query(c);
+        })
+    };
+    // Writes.
+    assert!(touched(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "10", "ID", "a", "AT", &at(1)]
+    ));
+    assert!(touched(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "10", "ID", "b", "AT", &at(1)]
+    ));
+    assert!(touched(
+        &mut c,
+        &["QUOTA.RESERVE", "t", "10", "ID", "e", "AT", &at(1)]
+    ));
+    assert!(touched(
+        &mut c,
+        &["QUOTA.SETTLE", "t", "a", "5", "AT", &at(2)]
+    ));
+    assert!(touched(&mut c, &["QUOTA.ROLLBACK", "t", "b", "AT", &at(2)]));
+    assert!(touched(
+        &mut c,
+        &["QUOTA.EXTEND", "t", "e", "1000", "AT", &at(2)]
+    ));
+    assert!(touched(&mut c, &["QUOTA.CHARGE", "t", "3", "AT", &at(3)]));
+    assert!(touched(
+        &mut c,
+        &["QUOTA.SET", "t", "LIMIT", "200", "AT", &at(3)]
+    ));
+    // Denials, retries, duplicates, errors and reads write nothing.
+    let before = digest(&mut c, "t");
+    for args in [
+        vec!["QUOTA.RESERVE", "t", "1000", "AT", &at(4)],
+        vec!["QUOTA.RESERVE", "t", "10", "ID", "e", "AT", &at(4)],
+        vec!["QUOTA.RESERVE", "t", "10", "ID", "a", "AT", &at(4)],
+        vec!["QUOTA.RESERVE", "t", "-1", "AT", &at(4)],
+        vec!["QUOTA.SETTLE", "t", "a", "5", "AT", &at(4)],
+        vec!["QUOTA.SETTLE", "t", "nope", "5", "AT", &at(4)],
+        vec!["QUOTA.ROLLBACK", "t", "b", "AT", &at(4)],
+        vec!["QUOTA.CHARGE", "t", "1000", "AT", &at(4)],
+        vec!["QUOTA.INFO", "t", "AT", &at(4)],
+        vec!["QUOTA.PENDING", "t", "AT", &at(4)],
+        vec!["QUOTA.SET", "t", "NX", "LIMIT", "5", "AT", &at(4)],
+    ] {
+        assert!(!touched(&mut c, &args), "{args:?}");
+    }
+    assert_eq!(digest(&mut c, "t"), before);
+    // The sweeper's releases are changes too (wall clock: a real 50 ms reservation).
+    let w = Server::start(&[]);
+    let mut c = w.conn();
+    ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100"]);
+    ok(&mut c, &["QUOTA.RESERVE", "t", "10", "TTL", "50"]);
+    assert!(!untouched(&mut c, "t", |c| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while info_section(c, "quota")["quota_sweeper_released"] == 0 {
+            assert!(std::time::Instant::now() < deadline, "sweeper did not run");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }));
+    assert_eq!(info(&mut c, "t")["pending"], 0);
+}

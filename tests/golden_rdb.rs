@@ -274,3 +274,73 @@ fn budget_encoding_v2_and_window_encoding_v1_still_load() {
         [1, 0, 0, 60999]
     );
 }
+
+/// The commands behind `fixtures/effects-v1.aof`, at T = 4102444800000 (2100-01-01 UTC).
+fn legacy_aof_commands() -> Vec<Vec<String>> {
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+    [
+        "QUOTA.SET golden LIMIT 1000 OVERDRAFT 10 TTL 60000 PERIOD DAY TZ Europe/Paris AT +0",
+        "QUOTA.RESERVE golden 100 ID a AT +1",
+        "QUOTA.RESERVE golden 200 AT +2",
+        "QUOTA.RESERVE golden 50 ID b\u{1}c:d TTL 1000 AT +3",
+        "QUOTA.SETTLE golden a 120 AT +4",
+        "QUOTA.CHARGE golden 7 ID c1 AT +5",
+        "QUOTA.ROLLBACK golden b\u{1}c:d AT +6",
+        "QUOTA.WINDOW win 10 60000 COST 3 PRECISION 1000 AT +0",
+        "QUOTA.WINDOW win 10 60000 COST 2 PRECISION 1000 AT +1500",
+    ]
+    .iter()
+    .map(|line| {
+        line.split(' ')
+            .map(|w| match w.strip_prefix('+') {
+                Some(d) => t(d.parse().unwrap()),
+                None => w.replace('\u{1}', " "),
+            })
+            .collect()
+    })
+    .collect()
+}
+
+/// effects-v1.aof: the incremental AOF that the build before the packed effect form (commit
+/// af89cd0) wrote for [`legacy_aof_commands`] — multi-argument `QUOTA.APPLY key at_ms EFFECT
+/// ...` and six-argument `QUOTA.WAPPLY` — loaded as an old-style `appendonly.aof`. The state
+/// must be exactly what this build reaches by running the same commands (which it replicates
+/// in the packed form).
+#[test]
+fn multi_argument_effects_of_earlier_versions_still_load() {
+    let aof = include_bytes!("fixtures/effects-v1.aof");
+    let args = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
+    let mods = ["test-clock", "yes", "sweep-effort", "0"];
+    let old = Server::start_with_files(&args, &mods, &[("appendonly.aof", aof)]);
+    let fresh = Server::start_with_module_args(&[], &mods);
+    let (mut o, mut f) = (old.conn(), fresh.conn());
+    for cmd in legacy_aof_commands() {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        ok(&mut f, &args);
+    }
+    assert_eq!(keys(&mut o), ["golden", "win"]);
+    assert_eq!(all_digests(&mut o), all_digests(&mut f));
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+    assert_eq!(
+        info_fields(&mut o, "golden", &t(6))[..9],
+        pairs(&[
+            ("limit", "1000"),
+            ("used", "127"),
+            ("reserved", "200"),
+            ("available", "673"),
+            ("overdraft", "10"),
+            ("max_reserve", "-1"),
+            ("default_ttl_ms", "60000"),
+            ("pending", "1"),
+            ("overrun", "20"),
+        ])[..]
+    );
+    let w = ok(
+        &mut o,
+        &["QUOTA.WINDOW", "win", "10", "60000", "PEEK", "AT", &t(2000)],
+    );
+    assert_eq!(
+        items(&w).iter().map(int).collect::<Vec<_>>(),
+        [1, 5, 0, 59999]
+    );
+}

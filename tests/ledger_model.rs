@@ -832,6 +832,9 @@ enum IdRef {
     Reserved(u16),
     /// A stream-style id at the current time, `<now>-<k>`: may collide with generated ids.
     Guess(u8),
+    /// A stream-style id a few ms ahead of the clock, `<now + 1 + k>-0`: the generator must
+    /// skip it once the clock gets there.
+    Ahead(u8),
 }
 
 #[derive(Debug, Clone)]
@@ -956,6 +959,7 @@ fn id_strategy() -> impl Strategy<Value = IdRef> {
         3 => any::<u16>().prop_map(IdRef::Known),
         10 => any::<u16>().prop_map(IdRef::Reserved),
         1 => (0u8..3).prop_map(IdRef::Guess),
+        1 => (0u8..3).prop_map(IdRef::Ahead),
     ]
 }
 
@@ -1141,6 +1145,9 @@ impl Run {
             }
             IdRef::Known(i) | IdRef::Reserved(i) => format!("u{}", i % 6).into_bytes(),
             IdRef::Guess(k) => format!("{}-{k}", self.wall.max(0)).into_bytes(),
+            IdRef::Ahead(k) => {
+                format!("{}-0", self.wall.max(0).saturating_add(1 + i64::from(*k))).into_bytes()
+            }
         };
         self.touch(&id);
         id

@@ -42,11 +42,7 @@ fn info_all(c: &mut redis::Connection, key: &str, at: i64) -> BTreeMap<String, S
 }
 
 fn quota_info_section(c: &mut redis::Connection) -> BTreeMap<String, i64> {
-    let s: String = redis::cmd("INFO").arg("quota").query(c).unwrap();
-    s.lines()
-        .filter_map(|l| l.trim().split_once(':'))
-        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
-        .collect()
+    info_section(c, "quota")
 }
 
 #[test]

@@ -455,16 +455,6 @@ fn resp(args: &[&str]) -> Vec<u8> {
     out
 }
 
-/// Runs `f` between WATCH key and MULTI/EXEC: true if the transaction still ran, i.e. `f`
-/// did not touch (signal as modified) the key.
-fn untouched(c: &mut redis::Connection, key: &str, f: impl FnOnce(&mut redis::Connection)) -> bool {
-    ok(c, &["WATCH", key]);
-    f(c);
-    ok(c, &["MULTI"]);
-    ok(c, &["PING"]);
-    ok(c, &["EXEC"]) != Value::Nil
-}
-
 #[test]
 fn peek_and_denied_calls_write_and_replicate_nothing() {
     let s = Server::start_with_module_args(
@@ -514,7 +504,8 @@ fn peek_and_denied_calls_write_and_replicate_nothing() {
     );
     assert_eq!(count(&aof, b"QUOTA.WINDOW"), 0);
     let (at, expire) = (T0.to_string(), (T0 + 60_999).to_string());
-    let first = resp(&["QUOTA.WAPPLY", "k", &at, "60000", "1000", "1", &expire]);
+    let packed = format!("{at} 60000 1000 1 {expire}");
+    let first = resp(&["QUOTA.WAPPLY", "k", &packed]);
     assert_eq!(count(&aof, &first), 1, "{}", String::from_utf8_lossy(&aof));
 }
 

@@ -621,6 +621,11 @@ impl Book {
         store.entry(tagged)
     }
 
+    /// The greatest id (byte order) pending or remembered.
+    pub fn last_id(&self) -> Option<&[u8]> {
+        self.by_id.last().map(|h| self.store.any_id(h))
+    }
+
     /// Pending reservations, soonest deadline first, as `(deadline_ms, id)`.
     pub fn by_deadline(&self) -> impl Iterator<Item = (i64, &[u8])> + '_ {
         let store = &self.store;

@@ -232,6 +232,17 @@ impl HTree {
         }
     }
 
+    /// The last handle in order.
+    pub fn last(&self) -> Option<u32> {
+        let mut node = self.root.as_ref()?;
+        loop {
+            match node {
+                Node::Leaf(items) => return items.get(items.len().checked_sub(1)?),
+                Node::Inner(inner) => node = inner.children.last()?,
+            }
+        }
+    }
+
     /// Inserts `h`, whose key `probe` describes. False (and nothing changed) if the key is
     /// already present.
     pub fn insert(&mut self, h: u32, probe: impl Fn(u32) -> Ordering) -> bool {
@@ -780,6 +791,7 @@ mod tests {
             let want: Vec<u32> = self.set.iter().map(|k| k.1).collect();
             assert_eq!(got, want);
             assert_eq!(self.tree.first(), want.first().copied());
+            assert_eq!(self.tree.last(), want.last().copied());
         }
     }
 

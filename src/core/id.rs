@@ -37,41 +37,22 @@ impl StreamId {
         Some(StreamId { ms, seq })
     }
 
-    /// The canonical `<ms>-<seq>` spelling (written by hand: this is on every generated id).
+    /// The canonical `<ms>-<seq>` spelling.
     pub fn to_bytes(self) -> Box<[u8]> {
         let mut buf = [0u8; 41];
         let mut len = 0usize;
-        for part in [Some(self.ms), None, Some(self.seq)] {
-            let mut digits = [0u8; 20];
-            let text: &[u8] = match part {
-                Some(n) => decimal(n, &mut digits),
-                None => b"-",
-            };
+        let mut put = |text: &[u8]| {
             let end = len.saturating_add(text.len());
             if let Some(dst) = buf.get_mut(len..end) {
                 dst.copy_from_slice(text);
                 len = end;
             }
-        }
+        };
+        put(itoa::Buffer::new().format(self.ms).as_bytes());
+        put(b"-");
+        put(itoa::Buffer::new().format(self.seq).as_bytes());
         buf.get(..len).unwrap_or(&[]).into()
     }
-}
-
-/// `n` in decimal, in the tail of `buf`.
-pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    loop {
-        start = start.saturating_sub(1);
-        if let Some(d) = buf.get_mut(start) {
-            // n % 10 < 10: the cast cannot truncate.
-            *d = b'0'.saturating_add((n % 10) as u8);
-        }
-        n /= 10;
-        if n == 0 || start == 0 {
-            break;
-        }
-    }
-    buf.get(start..).unwrap_or(&[])
 }
 
 fn canonical_u64(digits: &[u8]) -> Option<u64> {

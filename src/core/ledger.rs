@@ -421,8 +421,14 @@ impl Budget {
         max: usize,
         effects: &mut Vec<Effect>,
     ) {
+        // The iterators are only made when something is due (making one costs a descent).
         let releases = self.book.first_deadline().is_some_and(|d| d <= now);
-        for (deadline, id) in self.book.by_deadline().take(if releases { max } else { 0 }) {
+        let due = if releases { max } else { 0 };
+        for (deadline, id) in (due > 0)
+            .then(|| self.book.by_deadline().take(due))
+            .into_iter()
+            .flatten()
+        {
             if deadline > now {
                 break;
             }
@@ -438,7 +444,12 @@ impl Budget {
             .book
             .first_finish()
             .is_some_and(|f| now >= f.saturating_add(keep_ms));
-        for (finished, id) in self.book.by_finish().take(if forgets { max } else { 0 }) {
+        let due = if forgets { max } else { 0 };
+        for (finished, id) in (due > 0)
+            .then(|| self.book.by_finish().take(due))
+            .into_iter()
+            .flatten()
+        {
             if now < finished.saturating_add(keep_ms) {
                 break;
             }
@@ -493,7 +504,8 @@ impl Budget {
         full: bool,
         command: Vec<Effect>,
     ) -> Vec<Effect> {
-        let mut effects = Vec::with_capacity(command.len().saturating_add(1));
+        // Usually nothing comes before the command's own effects: no new vector then.
+        let mut effects = Vec::new();
         if self.period_ended(now) {
             if let Ok(Some((start_ms, end_ms))) = self.current_bounds(now) {
                 effects.push(Effect::Reset { start_ms, end_ms });
@@ -504,6 +516,9 @@ impl Budget {
         }
         let batch = if full { usize::MAX } else { MAINTENANCE_BATCH };
         self.cleanup_into(now, keep_ms, skip, batch, &mut effects);
+        if effects.is_empty() {
+            return command;
+        }
         effects.extend(command);
         effects
     }
@@ -515,7 +530,10 @@ impl Budget {
         // Only client ids planted ahead of the clock can collide: skip them, bounded.
         for _ in 0..1024 {
             let id = candidate.to_bytes();
-            if self.book.get(&id).is_none() {
+            // An id above every known id is free: the usual case, as generated ids arrive in
+            // order (one descent to the last id instead of a search).
+            let above_all = self.book.last_id().is_none_or(|last| *id > *last);
+            if above_all || self.book.get(&id).is_none() {
                 return Ok(id);
             }
             candidate = candidate.next(now).ok_or(LedgerError::Overflow)?;

@@ -1,5 +1,6 @@
 //! Internal commands that carry effects to replicas and the AOF:
-//! - `QUOTA.APPLY key at_ms EFFECT args ...` (see [`crate::shell::effects`]), one per write;
+//! - `QUOTA.APPLY key <packed>` (see [`crate::shell::effects`]), one per write; the
+//!   multi-argument form `QUOTA.APPLY key at_ms EFFECT args ...` of earlier versions still loads;
 //! - `QUOTA.LOAD key type encver payload`, the exact state of a key of either type
 //!   (`rq-budget` or `rq-window`), written by AOF rewrite. The legacy form
 //!   `QUOTA.LOAD key encver payload` (budgets only, written before windows existed) still loads.
@@ -12,12 +13,12 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{Budget, Effect};
-use crate::shell::args::Args;
+use crate::shell::args::{parse_i64, Args};
 use crate::shell::budget_cmds::{apply_all, apply_tracked, Counts};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
-use crate::shell::window_key::WindowKey;
-use crate::shell::window_type::WINDOW_TYPE_NAME;
-use crate::shell::{effects, events, persist, sweeper};
+use crate::shell::key::ModuleKey;
+use crate::shell::window_type::{WINDOW_TYPE, WINDOW_TYPE_NAME};
+use crate::shell::{effects, events, persist, stats, sweeper};
 
 /// Is this call replaying the master's stream or the AOF?
 pub(crate) fn from_replication_or_loading(ctx: &Context) -> bool {
@@ -31,17 +32,28 @@ pub(crate) fn internal_only(name: &str) -> RedisError {
     ))
 }
 
-/// `QUOTA.APPLY key at_ms EFFECT args [EFFECT args ...]` → OK.
+/// `QUOTA.APPLY key <packed>` or `QUOTA.APPLY key at_ms EFFECT args [EFFECT args ...]` → OK.
 pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if !from_replication_or_loading(ctx) {
         return Err(internal_only("QUOTA.APPLY"));
     }
-    let mut a = Args::new(&args, 3)?;
+    let mut a = Args::new(&args, 2)?;
     let key_name = a.next_string()?;
-    let at = a.next_i64()?;
-    let list = effects::decode(args.iter().skip(3).map(RedisString::as_slice))?;
-    let key = ctx.open_key_writable(key_name);
-    let result = match crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))? {
+    let (at, list) = if args.len() == 3 {
+        // One argument: the packed form.
+        let tokens = effects::unpack(a.next_bytes()?)?;
+        let (at, rest) = tokens.split_first().ok_or(RedisError::WrongArity)?;
+        (parse_i64(at)?, effects::decode(rest.iter().copied())?)
+    } else {
+        let at = a.next_i64()?;
+        let list = effects::decode(args.iter().skip(3).map(RedisString::as_slice))?;
+        (at, list)
+    };
+    if list.is_empty() {
+        return Err(RedisError::WrongArity);
+    }
+    let mut key = ModuleKey::open_writable(ctx, key_name)?;
+    let result = match key.value_mut::<Budget>(&BUDGET_TYPE)? {
         Some(budget) => apply_tracked(ctx, key_name, budget, at, &list),
         None => {
             // Only a CONFIG effect creates a budget.
@@ -51,15 +63,18 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let mut budget = Budget::new(*settings, at);
             let result = apply_all(&mut budget, at, &list);
             if result.applied > 0 {
-                Counts::of(&budget).adopt();
-                events::notify(ctx, key_name, list.get(..result.applied).unwrap_or(&[]), 0);
+                let counts = Counts::of(&budget);
                 sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
-                crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+                key.set_value(&BUDGET_TYPE, budget)?;
+                counts.adopt();
+                events::notify(ctx, key_name, list.get(..result.applied).unwrap_or(&[]), 0);
             }
             result
         }
     };
-    if result.applied > 0 {
+    if result.applied == 0 {
+        key.unchanged();
+    } else {
         // Feeds this server's own AOF and sub-replicas.
         ctx.replicate_verbatim();
     }
@@ -93,15 +108,16 @@ pub fn quota_load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let bad = |e: persist::DecodeError| RedisError::String(format!("ERR QUOTA.LOAD: {e}"));
     if type_name == BUDGET_TYPE_NAME.as_bytes() {
         let budget = persist::decode_budget(encver, payload).map_err(bad)?;
-        let key = ctx.open_key_writable(key_name);
-        // Checked before adopting, so the counters only ever see values Redis holds.
-        crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))?;
-        Counts::of(&budget).adopt();
+        let mut key = ModuleKey::open_writable(ctx, key_name)?;
+        let counts = Counts::of(&budget);
         sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
-        crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+        // Adopted only once stored, so the counters only ever see values Redis holds.
+        key.set_value(&BUDGET_TYPE, budget)?;
+        counts.adopt();
     } else if type_name == WINDOW_TYPE_NAME.as_bytes() {
         let window = persist::decode_window(encver, payload).map_err(bad)?;
-        WindowKey::open_writable(ctx, key_name)?.set_value(window)?;
+        ModuleKey::open_writable(ctx, key_name)?.set_value(&WINDOW_TYPE, window)?;
+        stats::bump(&stats::WINDOW_KEYS);
     } else {
         return Err(RedisError::String(format!(
             "ERR QUOTA.LOAD: unknown type '{}'",

@@ -9,6 +9,7 @@ use crate::core::ledger::{
 use crate::core::period::{Period, PeriodError, PeriodKind};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::key::ModuleKey;
 use crate::shell::reply::{reply_array, reply_fields, Field, Item};
 use crate::shell::{clock, config, events, replicate, stats, sweeper};
 
@@ -23,9 +24,10 @@ fn ledger_err(e: crate::core::error::LedgerError) -> RedisError {
     RedisError::String(e.to_string())
 }
 
-/// Runs a write command on an existing budget: plan on a read-only open (a denial or an error
-/// writes nothing, so WATCH and client tracking see no change), then apply the effects on a
-/// writable open and replicate them. Returns the plan's reply and the view after it.
+/// Runs a write command on an existing budget: one writable open; the plan is made on the
+/// budget as it is, and only a plan with effects changes (and signals) the key — a denial or
+/// an error writes nothing, so `WATCH` and client tracking see no change. Then applies the
+/// effects and replicates them. Returns the plan's reply and the view after it.
 fn run_write<R>(
     ctx: &Context,
     key_name: &RedisString,
@@ -33,21 +35,28 @@ fn run_write<R>(
     plan: impl FnOnce(&Budget, i64) -> Result<Plan<R>, RedisError>,
 ) -> Result<(R, View), RedisError> {
     let wall = clock::command_ms(at)?;
-    let (plan, now) = {
-        let key = ctx.open_key(key_name);
-        let budget =
-            crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))?.ok_or_else(noquota)?;
-        let now = budget.now(wall);
-        let plan = plan(budget, now)?;
-        if plan.effects.is_empty() {
-            let view = budget.view(now);
+    let mut key = ModuleKey::open_writable(ctx, key_name)?;
+    let planned = match key.value::<Budget>(&BUDGET_TYPE) {
+        Ok(Some(budget)) => {
+            let now = budget.now(wall);
+            plan(budget, now).map(|p| (p, now))
+        }
+        Ok(None) => Err(noquota()),
+        Err(e) => Err(e),
+    };
+    let (plan, now) = match planned {
+        Ok((plan, now)) if !plan.effects.is_empty() => (plan, now),
+        other => {
+            key.unchanged();
+            let (plan, now) = other?;
+            let view = key
+                .value::<Budget>(&BUDGET_TYPE)?
+                .ok_or_else(noquota)?
+                .view(now);
             return Ok((plan.reply, view));
         }
-        (plan, now)
     };
-    let key = ctx.open_key_writable(key_name);
-    let budget =
-        crate::shell::wrongtype(key.get_value::<Budget>(&BUDGET_TYPE))?.ok_or_else(noquota)?;
+    let budget = key.value_mut::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)?;
     apply_and_propagate(ctx, key_name, budget, now, &plan.effects)?;
     let view = budget.view(now);
     Ok((plan.reply, view))
@@ -259,9 +268,10 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         Budget::plan_create(wall, settings, used.unwrap_or(0), period).map_err(ledger_err)?;
     let mut budget = Budget::new(settings, wall);
     budget.apply(wall, &configure).map_err(ledger_err)?;
-    let key = ctx.open_key_writable(key_name);
-    Counts::of(&budget).adopt();
-    crate::shell::wrongtype(key.set_value(&BUDGET_TYPE, budget))?;
+    let mut key = ModuleKey::open_writable(ctx, key_name)?;
+    let counts = Counts::of(&budget);
+    key.set_value(&BUDGET_TYPE, budget)?;
+    counts.adopt();
     replicate::replicate_effects(ctx, key_name, wall, std::slice::from_ref(&configure));
     events::notify(ctx, key_name, &[configure], 0);
     Ok(RedisValue::Integer(1))

@@ -9,6 +9,10 @@
 //!
 //! Every value is resolved (the master's time, generated ids, default TTLs), so applying the
 //! same stream to the same state gives the same state on any server.
+//!
+//! Since issue 5 a master sends the one-argument form `QUOTA.APPLY key <packed>`: the same
+//! tokens, `at_ms` first, in one [`Packed`] string. Both forms are accepted (AOF files and
+//! masters of earlier versions send the multi-argument one).
 
 use redis_module::RedisError;
 
@@ -16,11 +20,38 @@ use crate::core::ledger::{Effect, Settings};
 use crate::core::period::{Period, PeriodError, PeriodKind};
 use crate::shell::args::{parse_i64, syntax_error};
 
-/// Appends the tokens of one effect to `out`.
-pub fn encode(effect: &Effect, out: &mut Vec<Vec<u8>>) {
-    fn num(n: i64) -> Vec<u8> {
-        n.to_string().into_bytes()
+/// Where the tokens of an effect go: a token list (the multi-argument form) or a [`Packed`]
+/// string (the one-argument form).
+pub trait TokenSink {
+    /// A byte-string token (an id, a zone name).
+    fn bytes(&mut self, b: &[u8]);
+    /// An integer token.
+    fn int(&mut self, n: i64);
+    /// An effect or period name: ASCII letters only.
+    fn word(&mut self, w: &'static str) {
+        self.bytes(w.as_bytes());
     }
+    /// `-` for none.
+    fn opt(&mut self, n: Option<i64>) {
+        match n {
+            Some(n) => self.int(n),
+            None => self.word("-"),
+        }
+    }
+}
+
+/// Token lists: the multi-argument form `QUOTA.APPLY key at_ms EFFECT args ...`.
+impl TokenSink for Vec<Vec<u8>> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.push(b.to_vec());
+    }
+    fn int(&mut self, n: i64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes().to_vec());
+    }
+}
+
+/// Writes the tokens of one effect: the one description of the wire format.
+pub fn write(effect: &Effect, out: &mut impl TokenSink) {
     match effect {
         Effect::Configure {
             settings,
@@ -28,62 +59,181 @@ pub fn encode(effect: &Effect, out: &mut Vec<Vec<u8>>) {
             period,
             bounds,
         } => {
-            let opt = |v: Option<i64>| v.map_or_else(|| b"-".to_vec(), num);
-            out.extend([
-                b"CONFIG".to_vec(),
-                num(settings.limit),
-                num(*used),
-                num(settings.overdraft),
-                num(settings.max_reserve.unwrap_or(-1)),
-                num(settings.default_ttl_ms),
-                period.kind.as_str().as_bytes().to_vec(),
-                period.tz.as_bytes().to_vec(),
-                opt(period.anchor_ms),
-                opt(bounds.map(|b| b.0)),
-                opt(bounds.map(|b| b.1)),
-            ])
+            out.word("CONFIG");
+            out.int(settings.limit);
+            out.int(*used);
+            out.int(settings.overdraft);
+            out.int(settings.max_reserve.unwrap_or(-1));
+            out.int(settings.default_ttl_ms);
+            out.word(period.kind.as_str());
+            out.bytes(period.tz.as_bytes());
+            out.opt(period.anchor_ms);
+            out.opt(bounds.map(|b| b.0));
+            out.opt(bounds.map(|b| b.1));
         }
         Effect::Reset { start_ms, end_ms } => {
-            out.extend([b"RESET".to_vec(), num(*start_ms), num(*end_ms)])
+            out.word("RESET");
+            out.int(*start_ms);
+            out.int(*end_ms);
         }
         Effect::Grant {
             id,
             amount,
             deadline_ms,
-        } => out.extend([
-            b"GRANT".to_vec(),
-            id.to_vec(),
-            num(*amount),
-            num(*deadline_ms),
-        ]),
+        } => {
+            out.word("GRANT");
+            out.bytes(id);
+            out.int(*amount);
+            out.int(*deadline_ms);
+        }
         Effect::Settle { id, actual } => {
-            out.extend([b"SETTLE".to_vec(), id.to_vec(), num(*actual)])
+            out.word("SETTLE");
+            out.bytes(id);
+            out.int(*actual);
         }
         Effect::SettleLate { id, actual } => {
-            out.extend([b"LATE".to_vec(), id.to_vec(), num(*actual)])
+            out.word("LATE");
+            out.bytes(id);
+            out.int(*actual);
         }
-        Effect::Rollback { id } => out.extend([b"ROLLBACK".to_vec(), id.to_vec()]),
-        Effect::Release { id } => out.extend([b"RELEASE".to_vec(), id.to_vec()]),
+        Effect::Rollback { id } => {
+            out.word("ROLLBACK");
+            out.bytes(id);
+        }
+        Effect::Release { id } => {
+            out.word("RELEASE");
+            out.bytes(id);
+        }
         Effect::Extend { id, deadline_ms } => {
-            out.extend([b"EXTEND".to_vec(), id.to_vec(), num(*deadline_ms)])
+            out.word("EXTEND");
+            out.bytes(id);
+            out.int(*deadline_ms);
         }
         Effect::Charge {
             amount,
             overrun,
             id: None,
-        } => out.extend([b"CHARGE".to_vec(), num(*amount), num(*overrun)]),
+        } => {
+            out.word("CHARGE");
+            out.int(*amount);
+            out.int(*overrun);
+        }
         Effect::Charge {
             amount,
             overrun,
             id: Some(id),
-        } => out.extend([
-            b"CHARGEID".to_vec(),
-            num(*amount),
-            num(*overrun),
-            id.to_vec(),
-        ]),
-        Effect::Forget { id } => out.extend([b"FORGET".to_vec(), id.to_vec()]),
+        } => {
+            out.word("CHARGEID");
+            out.int(*amount);
+            out.int(*overrun);
+            out.bytes(id);
+        }
+        Effect::Forget { id } => {
+            out.word("FORGET");
+            out.bytes(id);
+        }
     }
+}
+
+/// Appends the tokens of one effect to a token list (the multi-argument form).
+pub fn encode(effect: &Effect, out: &mut Vec<Vec<u8>>) {
+    write(effect, out);
+}
+
+/// The one-argument form of a token list, e.g. `1764485000000 GRANT 15:1764485000000-0 5
+/// 1764488600000`: tokens separated by one space; integers and names as they are, byte
+/// strings (ids, zones: any bytes) as `<len>:<bytes>` (a netstring without the trailing comma).
+/// One Redis string to replicate instead of one per token (issue 5: the write path's cost).
+#[derive(Debug, Default)]
+pub struct Packed {
+    buf: Vec<u8>,
+}
+
+impl Packed {
+    /// An empty string with room for `n` bytes.
+    pub fn with_capacity(n: usize) -> Packed {
+        Packed {
+            buf: Vec::with_capacity(n),
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Empties the string, keeping its allocation.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+    }
+
+    /// Gives back memory beyond `n` bytes.
+    pub fn shrink_to(&mut self, n: usize) {
+        self.buf.shrink_to(n);
+    }
+
+    fn sep(&mut self) {
+        if !self.buf.is_empty() {
+            self.buf.push(b' ');
+        }
+    }
+}
+
+impl TokenSink for Packed {
+    fn bytes(&mut self, b: &[u8]) {
+        self.sep();
+        self.buf
+            .extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
+        self.buf.push(b':');
+        self.buf.extend_from_slice(b);
+    }
+    fn int(&mut self, n: i64) {
+        self.sep();
+        self.buf
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    }
+    fn word(&mut self, w: &'static str) {
+        self.sep();
+        self.buf.extend_from_slice(w.as_bytes());
+    }
+}
+
+/// Splits a [`Packed`] string back into its tokens. Errors on an empty token, a doubled or
+/// trailing space, or a length prefix that is not a decimal count of the bytes that follow.
+pub fn unpack(packed: &[u8]) -> Result<Vec<&[u8]>, RedisError> {
+    let bad = || RedisError::Str("ERR malformed packed effects");
+    let mut tokens = Vec::new();
+    let mut rest = packed;
+    while !rest.is_empty() {
+        let end = rest
+            .iter()
+            .position(|&c| c == b' ' || c == b':')
+            .unwrap_or(rest.len());
+        let (head, tail) = rest.split_at(end);
+        let (token, after) = if tail.first() == Some(&b':') {
+            let len = std::str::from_utf8(head)
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+                .and_then(|s| s.parse::<usize>().ok())
+                .ok_or_else(bad)?;
+            let body = tail.get(1..).ok_or_else(bad)?;
+            if body.len() < len {
+                return Err(bad());
+            }
+            body.split_at(len)
+        } else {
+            (head, tail)
+        };
+        if token.is_empty() && tail.first() != Some(&b':') {
+            return Err(bad());
+        }
+        tokens.push(token);
+        rest = match after.split_first() {
+            None => after,
+            Some((b' ', more)) if !more.is_empty() => more,
+            _ => return Err(bad()),
+        };
+    }
+    Ok(tokens)
 }
 
 fn period_err(e: PeriodError) -> RedisError {

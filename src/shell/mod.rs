@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod effects;
 pub mod events;
+pub mod key;
 pub mod memory;
 pub mod persist;
 pub mod replicate;
@@ -18,7 +19,6 @@ pub mod stats;
 pub mod sweeper;
 pub mod window_apply;
 pub mod window_cmds;
-pub mod window_key;
 pub mod window_type;
 
 /// Makes `msg` safe for the Redis log, which treats it as a printf format and stops at NUL.

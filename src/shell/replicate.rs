@@ -1,19 +1,22 @@
-//! Replication of effects: one `QUOTA.APPLY key at_ms EFFECT ...` per write, which Redis sends to
-//! replicas and the AOF (wrapped in MULTI/EXEC with anything else the call replicates).
+//! Replication of effects: one `QUOTA.APPLY key <packed>` per write (and `QUOTA.WAPPLY key
+//! <packed>` per counted window call), which Redis sends to replicas and the AOF (wrapped in
+//! MULTI/EXEC with anything else the call replicates).
 //!
-//! This is on every write's path, so the arguments go to `RedisModule_Replicate` as one vector
-//! of Redis strings built directly: the key is the command's own string (Redis only takes a
-//! reference), every other argument is one small allocation, and nothing is formatted or copied
-//! on the Rust side first. The wire format is [`crate::shell::effects`]' (its `encode` is the
-//! reference; a unit test checks both agree).
+//! This is on every write's path: the tokens are packed into one buffer
+//! ([`crate::shell::effects::Packed`]) and handed to `RedisModule_Replicate` with the format
+//! `sb` (the key by reference, the buffer copied once by Redis). Before issue 5's work each
+//! token was its own Redis string: three to six allocations and frees more per write.
 
 use std::ffi::CStr;
 use std::os::raw::c_char;
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::{raw, Context, RedisString};
 
 use crate::core::ledger::Effect;
+use crate::shell::effects::{self, Packed, TokenSink};
+
+/// Name of the internal command carrying ledger effects.
+pub const APPLY: &CStr = c"QUOTA.APPLY";
 
 /// Replicates `effects` for `key` at `at_ms`. Logs (never panics) if Redis refuses, which would
 /// mean a misspelt command name: replicas would silently miss the write.
@@ -21,303 +24,81 @@ pub fn replicate_effects(ctx: &Context, key: &RedisString, at_ms: i64, list: &[E
     if list.is_empty() {
         return;
     }
-    let mut argv = Argv::with_capacity(list.len().saturating_mul(4).saturating_add(2));
-    argv.borrowed(key.inner);
-    argv.int(at_ms);
+    with_buffer(|packed| {
+        pack_effects_into(at_ms, list, packed);
+        replicate_packed(ctx, APPLY, key, packed);
+    });
+}
+
+/// The packed argument of `QUOTA.APPLY`: `at_ms`, then each effect's tokens.
+pub fn pack_effects(at_ms: i64, list: &[Effect]) -> Packed {
+    let mut packed = Packed::with_capacity(64);
+    pack_effects_into(at_ms, list, &mut packed);
+    packed
+}
+
+fn pack_effects_into(at_ms: i64, list: &[Effect], packed: &mut Packed) {
+    packed.int(at_ms);
     for e in list {
-        push_effect(&mut argv, e);
+        effects::write(e, packed);
     }
-    argv.replicate(ctx, c"QUOTA.APPLY");
 }
 
-/// Replicates `command key ints...` (the key by reference, each integer one Redis string).
+/// Replicates `command key <ints packed>`.
 pub fn replicate_key_ints(ctx: &Context, command: &CStr, key: &RedisString, ints: &[i64]) {
-    let mut argv = Argv::with_capacity(ints.len().saturating_add(1));
-    argv.borrowed(key.inner);
-    for &n in ints {
-        argv.int(n);
-    }
-    argv.replicate(ctx, command);
+    with_buffer(|packed| {
+        for &n in ints {
+            packed.int(n);
+        }
+        replicate_packed(ctx, command, key, packed);
+    });
 }
 
-/// Replicates `command tokens...` checking the status.
-pub fn replicate_tokens(ctx: &Context, command: &str, tokens: &[Vec<u8>]) {
-    let Ok(name) = std::ffi::CString::new(command) else {
-        ctx.log_warning("quota: replication of an effect was refused by Redis");
-        return;
-    };
-    let mut argv = Argv::with_capacity(tokens.len());
-    for t in tokens {
-        argv.bytes(t);
-    }
-    argv.replicate(ctx, &name);
+std::thread_local! {
+    /// One buffer reused by every write (only the main thread replicates): no allocation per
+    /// write once it has grown to the longest packed string.
+    static BUFFER: std::cell::RefCell<Packed> = std::cell::RefCell::new(Packed::with_capacity(256));
 }
 
-/// Where the tokens of an effect go: Redis strings, or byte vectors (tests).
-trait Sink {
-    fn bytes(&mut self, b: &[u8]);
-    fn int(&mut self, n: i64);
-
-    /// An effect name.
-    fn name(&mut self, name: Name) {
-        self.bytes(name.bytes());
-    }
-
-    /// `-` for none.
-    fn opt(&mut self, n: Option<i64>) {
-        match n {
-            Some(n) => self.int(n),
-            None => self.bytes(b"-"),
-        }
-    }
-}
-
-/// The tokens of one effect, as [`crate::shell::effects::encode`] writes them.
-fn push_effect(argv: &mut impl Sink, effect: &Effect) {
-    match effect {
-        Effect::Configure {
-            settings,
-            used,
-            period,
-            bounds,
-        } => {
-            argv.name(Name::Config);
-            argv.int(settings.limit);
-            argv.int(*used);
-            argv.int(settings.overdraft);
-            argv.int(settings.max_reserve.unwrap_or(-1));
-            argv.int(settings.default_ttl_ms);
-            argv.bytes(period.kind.as_str().as_bytes());
-            argv.bytes(period.tz.as_bytes());
-            argv.opt(period.anchor_ms);
-            argv.opt(bounds.map(|b| b.0));
-            argv.opt(bounds.map(|b| b.1));
-        }
-        Effect::Reset { start_ms, end_ms } => {
-            argv.name(Name::Reset);
-            argv.int(*start_ms);
-            argv.int(*end_ms);
-        }
-        Effect::Grant {
-            id,
-            amount,
-            deadline_ms,
-        } => {
-            argv.name(Name::Grant);
-            argv.bytes(id);
-            argv.int(*amount);
-            argv.int(*deadline_ms);
-        }
-        Effect::Settle { id, actual } => {
-            argv.name(Name::Settle);
-            argv.bytes(id);
-            argv.int(*actual);
-        }
-        Effect::SettleLate { id, actual } => {
-            argv.name(Name::Late);
-            argv.bytes(id);
-            argv.int(*actual);
-        }
-        Effect::Rollback { id } => {
-            argv.name(Name::Rollback);
-            argv.bytes(id);
-        }
-        Effect::Release { id } => {
-            argv.name(Name::Release);
-            argv.bytes(id);
-        }
-        Effect::Extend { id, deadline_ms } => {
-            argv.name(Name::Extend);
-            argv.bytes(id);
-            argv.int(*deadline_ms);
-        }
-        Effect::Charge {
-            amount,
-            overrun,
-            id: None,
-        } => {
-            argv.name(Name::Charge);
-            argv.int(*amount);
-            argv.int(*overrun);
-        }
-        Effect::Charge {
-            amount,
-            overrun,
-            id: Some(id),
-        } => {
-            argv.name(Name::ChargeId);
-            argv.int(*amount);
-            argv.int(*overrun);
-            argv.bytes(id);
-        }
-        Effect::Forget { id } => {
-            argv.name(Name::Forget);
-            argv.bytes(id);
-        }
-    }
-}
-
-/// Arguments for `RedisModule_Replicate(ctx, name, "v", argv, argc)`: strings this owns (freed
-/// on drop; Redis keeps its own reference) and borrowed ones.
-struct Argv {
-    strings: Vec<*mut raw::RedisModuleString>,
-    /// How many leading entries are borrowed (not freed).
-    borrowed: usize,
-}
-
-impl Argv {
-    fn with_capacity(n: usize) -> Argv {
-        Argv {
-            strings: Vec::with_capacity(n),
-            borrowed: 0,
-        }
-    }
-
-    /// A string owned elsewhere that outlives the call (the command's key argument). Only
-    /// before any owned argument.
-    fn borrowed(&mut self, s: *mut raw::RedisModuleString) {
-        if self.strings.len() == self.borrowed {
-            self.strings.push(s);
-            self.borrowed = self.borrowed.saturating_add(1);
-        }
-    }
-
-    fn owned(&mut self, s: Option<*mut raw::RedisModuleString>) {
-        // A null string (out of memory is fatal in Redis, so never in practice) is skipped by
-        // `replicate`, which then refuses the whole call.
-        self.strings.push(s.unwrap_or(std::ptr::null_mut()));
-    }
-
-    fn replicate(&self, ctx: &Context, command: &CStr) {
-        let complete = !self.strings.iter().any(|s| s.is_null());
-        // SAFETY: every pointer is a live Redis string; "v" takes (array, count).
-        let status = unsafe {
-            match raw::RedisModule_Replicate {
-                Some(f) if complete => f(
-                    ctx.ctx,
-                    command.as_ptr(),
-                    c"v".as_ptr(),
-                    self.strings.as_ptr(),
-                    self.strings.len(),
-                ),
-                _ => raw::REDISMODULE_ERR as i32,
+/// Runs `f` with an empty packed buffer: the reused one, or a fresh one if that is in use
+/// (never in practice) or gone (thread exit).
+fn with_buffer(f: impl FnOnce(&mut Packed)) {
+    let mut f = Some(f);
+    let _ = BUFFER.try_with(|b| {
+        if let Ok(mut packed) = b.try_borrow_mut() {
+            packed.clear();
+            if let Some(f) = f.take() {
+                f(&mut packed);
             }
-        };
-        if status != raw::REDISMODULE_OK as i32 {
-            ctx.log_warning("quota: replication of an effect was refused by Redis");
+            // A rare very long string (a CONFIG with a long zone, many releases) is not kept.
+            packed.shrink_to(4096);
         }
+    });
+    if let Some(f) = f.take() {
+        f(&mut Packed::with_capacity(64));
     }
 }
 
-impl Sink for Argv {
-    fn bytes(&mut self, b: &[u8]) {
-        // SAFETY: plain API call; a null context makes the string ours to free.
-        let s = unsafe {
-            raw::RedisModule_CreateString
-                .map(|f| f(std::ptr::null_mut(), b.as_ptr().cast::<c_char>(), b.len()))
-        };
-        self.owned(s);
-    }
-
-    fn int(&mut self, n: i64) {
-        // SAFETY: plain API call; a null context makes the string ours to free.
-        let s = unsafe {
-            raw::RedisModule_CreateStringFromLongLong.map(|f| f(std::ptr::null_mut(), n))
-        };
-        self.owned(s);
-    }
-
-    /// Effect names are a handful of constant strings: made once, shared by every call
-    /// (Redis takes its own reference while it propagates).
-    fn name(&mut self, name: Name) {
-        match cached_name(name) {
-            Some(s) => {
-                // SAFETY: a live cached string; our extra reference is dropped with the others.
-                unsafe {
-                    if let Some(retain) = raw::RedisModule_RetainString {
-                        retain(std::ptr::null_mut(), s);
-                    }
-                }
-                self.owned(Some(s));
-            }
-            None => self.bytes(name.bytes()),
-        }
-    }
-}
-
-/// The effect names; the discriminant is the cache slot.
-#[derive(Clone, Copy)]
-enum Name {
-    Config,
-    Reset,
-    Grant,
-    Settle,
-    Late,
-    Rollback,
-    Release,
-    Extend,
-    Charge,
-    ChargeId,
-    Forget,
-}
-
-impl Name {
-    fn bytes(self) -> &'static [u8] {
-        match self {
-            Name::Config => b"CONFIG",
-            Name::Reset => b"RESET",
-            Name::Grant => b"GRANT",
-            Name::Settle => b"SETTLE",
-            Name::Late => b"LATE",
-            Name::Rollback => b"ROLLBACK",
-            Name::Release => b"RELEASE",
-            Name::Extend => b"EXTEND",
-            Name::Charge => b"CHARGE",
-            Name::ChargeId => b"CHARGEID",
-            Name::Forget => b"FORGET",
-        }
-    }
-}
-
-/// One Redis string per name in [`NAMES`], created on first use and kept for the life of the
-/// process (only the main thread replicates).
-static NAME_CACHE: [AtomicPtr<raw::RedisModuleString>; 11] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; 11];
-
-fn cached_name(name: Name) -> Option<*mut raw::RedisModuleString> {
-    let slot = NAME_CACHE.get(name as usize)?;
-    let cached = slot.load(Ordering::Relaxed);
-    if !cached.is_null() {
-        return Some(cached);
-    }
-    // SAFETY: plain API call; a null context makes the string ours (never freed).
-    let bytes = name.bytes();
-    let made = unsafe {
-        raw::RedisModule_CreateString.map(|f| {
-            f(
-                std::ptr::null_mut(),
+/// `RedisModule_Replicate(ctx, command, "sb", key, bytes, len)`, checking the status.
+fn replicate_packed(ctx: &Context, command: &CStr, key: &RedisString, packed: &Packed) {
+    let bytes = packed.as_bytes();
+    // SAFETY: a live context, key string and buffer for the duration of the call; "sb" takes
+    // (RedisModuleString*, const char*, size_t) and Redis copies the buffer.
+    let status = unsafe {
+        match raw::RedisModule_Replicate {
+            Some(f) => f(
+                ctx.ctx,
+                command.as_ptr(),
+                c"sb".as_ptr(),
+                key.inner,
                 bytes.as_ptr().cast::<c_char>(),
                 bytes.len(),
-            )
-        })
-    }
-    .filter(|p| !p.is_null())?;
-    slot.store(made, Ordering::Relaxed);
-    Some(made)
-}
-
-impl Drop for Argv {
-    fn drop(&mut self) {
-        for &s in self.strings.iter().skip(self.borrowed) {
-            if !s.is_null() {
-                // SAFETY: created above with a null context, freed once.
-                unsafe {
-                    if let Some(free) = raw::RedisModule_FreeString {
-                        free(std::ptr::null_mut(), s);
-                    }
-                }
-            }
+            ),
+            None => raw::REDISMODULE_ERR as i32,
         }
+    };
+    if status != raw::REDISMODULE_OK as i32 {
+        ctx.log_warning("quota: replication of an effect was refused by Redis");
     }
 }
 
@@ -327,19 +108,9 @@ mod tests {
     use crate::core::ledger::Settings;
     use crate::core::period::Period;
 
-    impl Sink for Vec<Vec<u8>> {
-        fn bytes(&mut self, b: &[u8]) {
-            self.push(b.to_vec());
-        }
-
-        fn int(&mut self, n: i64) {
-            self.push(n.to_string().into_bytes());
-        }
-    }
-
     #[test]
-    fn tokens_are_the_wire_format() {
-        let id: Box<[u8]> = b"r-1"[..].into();
+    fn packed_form_unpacks_to_the_token_form() {
+        let id: Box<[u8]> = b"r 1:x"[..].into();
         let effects = [
             Effect::Configure {
                 settings: Settings {
@@ -387,12 +158,53 @@ mod tests {
             },
             Effect::Forget { id },
         ];
+        let packed = pack_effects(i64::MIN, &effects);
+        let mut reference = vec![i64::MIN.to_string().into_bytes()];
         for e in &effects {
-            let mut ours: Vec<Vec<u8>> = Vec::new();
-            push_effect(&mut ours, e);
-            let mut reference = Vec::new();
-            crate::shell::effects::encode(e, &mut reference);
-            assert_eq!(ours, reference, "{e:?}");
+            effects::encode(e, &mut reference);
         }
+        let unpacked = effects::unpack(packed.as_bytes()).unwrap();
+        assert_eq!(unpacked, reference);
+        assert_eq!(
+            effects::decode(unpacked.into_iter().skip(1)).unwrap(),
+            effects
+        );
+    }
+
+    #[test]
+    fn packed_grant_reads_well() {
+        let grant = Effect::Grant {
+            id: b"1764485000000-0"[..].into(),
+            amount: 5,
+            deadline_ms: 1764488600000,
+        };
+        let packed = pack_effects(1764485000000, &[grant]);
+        assert_eq!(
+            packed.as_bytes(),
+            b"1764485000000 GRANT 15:1764485000000-0 5 1764488600000"
+        );
+    }
+
+    #[test]
+    fn malformed_packed_strings_are_refused() {
+        for bad in [
+            &b" 1"[..],
+            b"1 ",
+            b"1  2",
+            b"3:ab",
+            b"3:abcd",
+            b":x",
+            b"x:ab",
+            b"-1:",
+            b"99999999999999999999999:x",
+        ] {
+            assert!(effects::unpack(bad).is_err(), "{:?}", bad);
+        }
+        assert_eq!(effects::unpack(b"").unwrap(), Vec::<&[u8]>::new());
+        assert_eq!(effects::unpack(b"0: 2:a ").unwrap(), vec![&b""[..], b"a "]);
+        assert_eq!(
+            effects::unpack(b"0: 2:a  -").unwrap(),
+            vec![&b""[..], b"a ", b"-"]
+        );
     }
 }

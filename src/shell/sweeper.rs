@@ -24,11 +24,17 @@ use redis_module::{raw, Context, ContextFlags, NotifyEvent, RedisString};
 use crate::core::ledger::{Budget, Effect};
 use crate::shell::budget_cmds::apply_all;
 use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::key::ModuleKey;
 use crate::shell::{clock, config, events, replicate, stats};
 
 /// How often the sweeper runs (ms): an expired reservation is released within about this long
 /// after its deadline while each tick keeps up.
 pub const SWEEP_INTERVAL_MS: u64 = 50;
+
+/// The gap before the next tick when a tick used its whole effort and keys are still due (a
+/// storm of expiries): each tick stays within `quota.sweep-effort`, but they come back to back
+/// with a 1 ms gap for clients, like Redis's fast expire cycle, until the backlog is gone.
+pub const CATCH_UP_INTERVAL_MS: u64 = 1;
 
 /// Keys by next due time, and each key's entry (per db, looked up without allocating).
 struct Index {
@@ -86,6 +92,11 @@ pub fn track(db: i32, key: &[u8], due: Option<i64>) {
 /// Indexes a budget after a change.
 pub fn track_budget(db: i32, key: &[u8], budget: &Budget) {
     track(db, key, budget.next_due(config::policy().keep_ms));
+}
+
+/// Is some key due at `now`?
+fn any_due(now: i64) -> bool {
+    index().by_due.first().is_some_and(|first| first.0 <= now)
 }
 
 fn pop_due(now: i64) -> Option<(i64, i32, Vec<u8>)> {
@@ -151,19 +162,31 @@ pub fn start(ctx: &Context) {
     ctx.create_timer(Duration::from_millis(SWEEP_INTERVAL_MS), tick, ());
 }
 
+/// One tick, then the next one armed: soon if this one left keys due (see
+/// [`CATCH_UP_INTERVAL_MS`]), else after [`SWEEP_INTERVAL_MS`].
 fn tick(ctx: &Context, _: ()) {
-    ctx.create_timer(Duration::from_millis(SWEEP_INTERVAL_MS), tick, ());
+    let next = if sweep(ctx) {
+        CATCH_UP_INTERVAL_MS
+    } else {
+        SWEEP_INTERVAL_MS
+    };
+    ctx.create_timer(Duration::from_millis(next), tick, ());
+}
+
+/// Releases at most `quota.sweep-effort` expired reservations, soonest due keys first, on a
+/// master. True if it used its whole effort and keys are still due.
+fn sweep(ctx: &Context) -> bool {
     let flags = ctx.get_flags();
     if !flags.contains(ContextFlags::MASTER)
         || flags.contains(ContextFlags::LOADING)
         || avoid_replica_traffic()
     {
-        return;
+        return false;
     }
     let effort = usize::try_from(config::SWEEP_EFFORT.load(std::sync::atomic::Ordering::Relaxed))
         .unwrap_or(0);
     if effort == 0 {
-        return;
+        return false;
     }
     let now = clock::wall_ms();
     let keep = config::policy().keep_ms;
@@ -191,6 +214,7 @@ fn tick(ctx: &Context, _: ()) {
     stats::set(&stats::SWEEP_LAST_RUN_MS, now);
     stats::set(&stats::SWEEP_LAG_MS, lag);
     stats::raise(&stats::SWEEP_MAX_LAG_MS, lag);
+    left == 0 && any_due(now)
 }
 
 /// Sweeps one key; returns (reservations released, largest lag in ms).
@@ -198,22 +222,27 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
     // Not `ctx.create_string`: it goes through `CString::new(..).unwrap()` and panics on a key
     // name containing a NUL byte, which is a valid Redis key.
     let key_name = RedisString::create_from_slice(ctx.ctx, name);
-    // Planned on a read-only open: a stale entry (key deleted, renamed, retyped) or a key with
-    // nothing due writes nothing, so WATCH and client tracking see no change.
-    let effects = {
-        let key = ctx.open_key(&key_name);
-        let Ok(Some(budget)) = key.get_value::<Budget>(&BUDGET_TYPE) else {
-            return (0, 0);
-        };
-        let effects = budget.plan_sweep(budget.now(now), keep, max);
-        if effects.is_empty() {
-            track_budget(db, name, budget);
-            return (0, 0);
-        }
-        effects
+    // One writable open: a stale entry (key deleted, renamed, retyped) or a key with nothing
+    // due writes nothing and is declared unchanged, so WATCH and client tracking see nothing.
+    let Ok(mut key) = ModuleKey::open_writable(ctx, &key_name) else {
+        return (0, 0);
     };
-    let key = ctx.open_key_writable(&key_name);
-    let Ok(Some(budget)) = key.get_value::<Budget>(&BUDGET_TYPE) else {
+    let effects = match key.value::<Budget>(&BUDGET_TYPE) {
+        Ok(Some(budget)) => {
+            let effects = budget.plan_sweep(budget.now(now), keep, max);
+            if effects.is_empty() {
+                track_budget(db, name, budget);
+            }
+            effects
+        }
+        _ => Vec::new(),
+    };
+    if effects.is_empty() {
+        key.unchanged();
+        return (0, 0);
+    }
+    let Ok(Some(budget)) = key.value_mut::<Budget>(&BUDGET_TYPE) else {
+        key.unchanged();
         return (0, 0);
     };
     let at = budget.now(now);

@@ -1,5 +1,7 @@
-//! `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms`: the internal command that
-//! carries one admitted `QUOTA.WINDOW` call to replicas and the AOF.
+//! `QUOTA.WAPPLY key <packed>`: the internal command that carries one admitted `QUOTA.WINDOW`
+//! call to replicas and the AOF. `<packed>` is `at_ms window_ms precision_ms cost expire_at_ms`
+//! in one string ([`crate::shell::effects::Packed`]); the six-argument form of earlier versions
+//! still loads.
 //!
 //! Every value is resolved on the master: its time, the precision (default applied), the cost
 //! and the key's absolute expiry (unix ms; `-1` = the key holds nothing afterwards and is
@@ -13,33 +15,41 @@ use redis_module::{Context, NotifyEvent, RedisError, RedisResult, RedisString, R
 
 use crate::core::window::WindowParams;
 use crate::shell::apply_cmds::{from_replication_or_loading, internal_only};
-use crate::shell::args::Args;
+use crate::shell::args::{parse_i64, Args};
+use crate::shell::effects;
+use crate::shell::key::ModuleKey;
 use crate::shell::window_cmds::{record_at_key, window_err, EVENT, NO_EXPIRY, WAPPLY};
-use crate::shell::window_key::WindowKey;
 
-/// `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` → OK.
+/// `QUOTA.WAPPLY key <packed>` (the five integers in one [`crate::shell::effects::Packed`]
+/// string) or `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` → OK.
 pub fn quota_wapply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if !from_replication_or_loading(ctx) {
         return Err(internal_only(WAPPLY));
     }
-    let mut a = Args::new(&args, 6)?;
+    let mut a = Args::new(&args, 2)?;
     let key_name = a.next_string()?;
-    let at_ms = a.next_i64()?;
-    let window_ms = a.next_i64()?;
-    let precision_ms = a.next_i64()?;
-    let cost = a.next_i64()?;
-    let expire_at = match a.next_i64()? {
+    let packed;
+    let ints: Vec<&[u8]> = if args.len() == 3 {
+        packed = a.next_bytes()?;
+        effects::unpack(packed)?
+    } else {
+        args.iter().skip(2).map(RedisString::as_slice).collect()
+    };
+    let [at_ms, window_ms, precision_ms, cost, expire_at] = ints.as_slice() else {
+        return Err(RedisError::WrongArity);
+    };
+    let [at_ms, window_ms, precision_ms, cost] =
+        [at_ms, window_ms, precision_ms, cost].map(|t| parse_i64(t));
+    let (at_ms, window_ms, precision_ms, cost) = (at_ms?, window_ms?, precision_ms?, cost?);
+    let expire_at = match parse_i64(expire_at)? {
         NO_EXPIRY => None,
         ms if ms >= 0 => Some(ms),
         _ => return Err(RedisError::Str("ERR QUOTA.WAPPLY: bad expire_at_ms")),
     };
-    if !a.is_empty() {
-        return Err(RedisError::WrongArity);
-    }
     // The limit plays no part in recording; 0 only satisfies validation.
     let params =
         WindowParams::parse(0, window_ms, Some(cost), Some(precision_ms)).map_err(window_err)?;
-    let mut key = WindowKey::open_writable(ctx, key_name)?;
+    let mut key = ModuleKey::open_writable(ctx, key_name)?;
     record_at_key(&mut key, &params, at_ms, Some(expire_at))?;
     drop(key);
     ctx.notify_keyspace_event(NotifyEvent::MODULE, EVENT, key_name);

@@ -2,18 +2,18 @@
 //! rate limit on an `rq-window` key → `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 //! Semantics are the core's ([`crate::core::window`]); docs/commands.md (QUOTA.WINDOW) is the user reference.
 //!
-//! A counting call decides on a read-only open ([`Window::check`]); only an admitted call
-//! reopens the key writable, applies [`Window::record`], moves the key's absolute expiry to
+//! A counting call opens the key once and decides ([`Window::check`]); only an admitted call
+//! changes it (and signals it modified): applies [`Window::record`], moves the key's absolute expiry to
 //! [`Window::empty_at_ms`] and replicates the effect as
-//! `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` (see
+//! `QUOTA.WAPPLY key <at_ms window_ms precision_ms cost expire_at_ms>` (see
 //! [`crate::shell::window_apply`]). PEEK and denied calls write nothing and replicate nothing.
 
 use redis_module::{Context, RedisError, RedisResult, RedisString};
 
 use crate::core::window::{Window, WindowDecision, WindowError, WindowParams};
 use crate::shell::args::{syntax_error, Args};
+use crate::shell::key::ModuleKey;
 use crate::shell::reply::{reply_array, Item};
-use crate::shell::window_key::WindowKey;
 use crate::shell::window_type::WINDOW_TYPE;
 use crate::shell::{clock, events, replicate, stats};
 
@@ -87,14 +87,26 @@ fn reply(ctx: &Context, d: &WindowDecision) -> RedisResult {
 pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let req = parse(&args)?;
     let now = clock::command_ms(req.at)?;
-    let (checked, exists) = {
-        let key = ctx.open_key(req.key);
-        match crate::shell::wrongtype(key.get_value::<Window>(&WINDOW_TYPE))? {
-            Some(w) => (w.check(&req.params, now), true),
-            None => (Window::new(&req.params, now).check(&req.params, now), false),
+    // One writable open: a call that records nothing (PEEK, a denial, an error) declares the
+    // key unchanged, so WATCH and client tracking see nothing.
+    let mut key = ModuleKey::open_writable(ctx, req.key)?;
+    let checked = match key.value::<Window>(&WINDOW_TYPE) {
+        Ok(Some(w)) => w.check(&req.params, now).map(|c| (c, true)),
+        Ok(None) => Window::new(&req.params, now)
+            .check(&req.params, now)
+            .map(|c| (c, false)),
+        Err(e) => {
+            key.unchanged();
+            return Err(e);
         }
     };
-    let checked = checked.map_err(window_err)?;
+    let (checked, exists) = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            key.unchanged();
+            return Err(window_err(e));
+        }
+    };
     if !req.peek {
         stats::bump(if checked.allowed {
             &stats::WINDOW_ALLOWED
@@ -105,9 +117,9 @@ pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // Nothing to write: a PEEK, a denial, or a cost-0 call on a missing key (which would
     // create an empty window; its decision is the same as the check's).
     if req.peek || !checked.allowed || (!exists && req.params.cost == 0) {
+        key.unchanged();
         return reply(ctx, &checked);
     }
-    let mut key = WindowKey::open_writable(ctx, req.key)?;
     let (decision, expire_at) = record_at_key(&mut key, &req.params, now, None)?;
     drop(key);
     events::publish(ctx, req.key, EVENT_C);
@@ -136,12 +148,25 @@ pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// Returns the decision after recording and the expiry set (`None`: the key was deleted or not
 /// created). On error nothing was changed.
 pub(crate) fn record_at_key(
-    key: &mut WindowKey,
+    key: &mut ModuleKey,
     params: &WindowParams,
     at_ms: i64,
     expire_at: Option<Option<i64>>,
 ) -> Result<(WindowDecision, Option<i64>), RedisError> {
-    let (decision, computed, created) = match key.value_mut()? {
+    let recorded = record(key, params, at_ms, expire_at);
+    if recorded.is_err() {
+        key.unchanged();
+    }
+    recorded
+}
+
+fn record(
+    key: &mut ModuleKey,
+    params: &WindowParams,
+    at_ms: i64,
+    expire_at: Option<Option<i64>>,
+) -> Result<(WindowDecision, Option<i64>), RedisError> {
+    let (decision, computed, created) = match key.value_mut::<Window>(&WINDOW_TYPE)? {
         Some(w) => {
             let d = w.record(params, at_ms).map_err(window_err)?;
             (d, w.empty_at_ms(), None)
@@ -156,11 +181,16 @@ pub(crate) fn record_at_key(
     let done = match (expire, created) {
         (Some(ms), Some(w)) => {
             // Refused (nothing stored) → an error, and nothing changed.
-            key.set_value(w)?;
+            key.set_value(&WINDOW_TYPE, w)?;
+            stats::bump(&stats::WINDOW_KEYS);
             key.set_abs_expire(ms)
         }
         (Some(ms), None) => key.set_abs_expire(ms),
-        (None, Some(_)) => Ok(()),
+        (None, Some(_)) => {
+            // A window created and empty at once is not stored: the key stays as it was.
+            key.unchanged();
+            Ok(())
+        }
         (None, None) => key.delete(),
     };
     // The window has changed: the caller must still reply and replicate. These calls cannot

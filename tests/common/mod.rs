@@ -356,3 +356,29 @@ pub fn wait_link_up(replica: &mut redis::Connection) {
     }
     panic!("replica link did not come up");
 }
+
+/// Runs `f` between WATCH key and MULTI/EXEC: true if the transaction still ran, i.e. `f`
+/// did not touch (signal as modified) the key.
+pub fn untouched(
+    c: &mut redis::Connection,
+    key: &str,
+    f: impl FnOnce(&mut redis::Connection),
+) -> bool {
+    ok(c, &["WATCH", key]);
+    f(c);
+    ok(c, &["MULTI"]);
+    ok(c, &["PING"]);
+    ok(c, &["EXEC"]) != Value::Nil
+}
+
+/// `INFO <section>` as integer fields.
+pub fn info_section(
+    c: &mut redis::Connection,
+    section: &str,
+) -> std::collections::BTreeMap<String, i64> {
+    let s: String = redis::cmd("INFO").arg(section).query(c).unwrap();
+    s.lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+        .collect()
+}

@@ -1,0 +1,178 @@
+//! A key opened through the raw module API, for every command and callback of this module that
+//! reads a value and may write it.
+//!
+//! Why not the crate's `RedisKeyWritable`: it offers only relative expiries (window keys need
+//! `RedisModule_SetAbsExpire`: absolute unix ms, so replicas and the AOF get the same instant),
+//! and a writable open of it always marks the key modified. The module runs with
+//! `REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED` (set in `init`): a writable [`ModuleKey`]
+//! signals the key as modified (`WATCH`, client tracking) when it closes, unless the caller
+//! said [`ModuleKey::unchanged`]. So a write path opens its key once, decides, and only a call
+//! that wrote anything touches `WATCH` — one key lookup per write instead of a read-only open
+//! to decide and a writable one to apply (issue 5).
+//!
+//! Every writable open in this module goes through here: with the option set, a writable key
+//! opened any other way would never be signalled.
+
+use std::marker::PhantomData;
+use std::os::raw::{c_int, c_void};
+
+use redis_module::native_types::RedisType;
+use redis_module::{key::verify_type, raw, Context, RedisError, RedisString};
+
+/// `REDISMODULE_OK` as the API functions return it.
+const OK: c_int = 0;
+
+fn missing_api(name: &str) -> RedisError {
+    RedisError::String(format!("ERR this Redis lacks the module API {name}"))
+}
+
+/// Reads one of the API's function pointers (written once by `RedisModule_Init`).
+macro_rules! api {
+    ($name:ident) => {
+        // SAFETY: a copy of a pointer written once, before any command runs.
+        unsafe { raw::$name }.ok_or_else(|| missing_api(stringify!($name)))
+    };
+}
+
+/// An open key; closed on drop, signalled as modified first if it was opened writable and not
+/// declared [`unchanged`](ModuleKey::unchanged).
+pub struct ModuleKey<'a> {
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    /// Null for a read-only open of a missing key.
+    inner: *mut raw::RedisModuleKey,
+    writable: bool,
+    signal: bool,
+    /// The key name is borrowed: it must outlive the open key.
+    _name: PhantomData<&'a RedisString>,
+}
+
+impl<'a> ModuleKey<'a> {
+    /// Opens `name` read-only (a missing key reads as empty).
+    pub fn open(ctx: &Context, name: &'a RedisString) -> Self {
+        let inner = raw::open_key(ctx.ctx, name.inner, raw::KeyMode::READ);
+        Self {
+            ctx: ctx.ctx,
+            name: name.inner,
+            inner,
+            writable: false,
+            signal: false,
+            _name: PhantomData,
+        }
+    }
+
+    /// Opens `name` for reading and writing. Signals it as modified on close unless
+    /// [`unchanged`](ModuleKey::unchanged) is called.
+    pub fn open_writable(ctx: &Context, name: &'a RedisString) -> Result<Self, RedisError> {
+        let inner = raw::open_key(
+            ctx.ctx,
+            name.inner,
+            raw::KeyMode::READ | raw::KeyMode::WRITE,
+        );
+        if inner.is_null() {
+            return Err(RedisError::Str("ERR could not open the key for writing"));
+        }
+        Ok(Self {
+            ctx: ctx.ctx,
+            name: name.inner,
+            inner,
+            writable: true,
+            signal: true,
+            _name: PhantomData,
+        })
+    }
+
+    /// Nothing was written: closing does not signal the key as modified.
+    pub fn unchanged(&mut self) {
+        self.signal = false;
+    }
+
+    /// The value at this key if it is of type `ty`: `None` if the key is empty, `WRONGTYPE`
+    /// if it holds anything else.
+    pub fn value<T>(&self, ty: &RedisType) -> Result<Option<&T>, RedisError> {
+        Ok(self.raw_value::<T>(ty)?.and_then(|v| {
+            // SAFETY: a value of type `ty` is a `Box<T>` this module created; `&self` keeps
+            // the key open for the borrow.
+            unsafe { v.as_ref() }
+        }))
+    }
+
+    /// Like [`value`](ModuleKey::value), mutable (the key must be open for writing).
+    pub fn value_mut<T>(&mut self, ty: &RedisType) -> Result<Option<&mut T>, RedisError> {
+        if !self.writable {
+            return Err(RedisError::Str("ERR the key is not open for writing"));
+        }
+        Ok(self.raw_value::<T>(ty)?.and_then(|v| {
+            // SAFETY: as in `value`; `&mut self` excludes any other access through this key.
+            unsafe { v.as_mut() }
+        }))
+    }
+
+    fn raw_value<T>(&self, ty: &RedisType) -> Result<Option<*mut T>, RedisError> {
+        if self.inner.is_null() {
+            return Ok(None);
+        }
+        crate::shell::wrongtype(verify_type(self.inner, ty))?;
+        let get = api!(RedisModule_ModuleTypeGetValue)?;
+        // SAFETY: the key is open and holds type `ty` (checked above) or nothing (null).
+        let value = unsafe { get(self.inner) }.cast::<T>();
+        Ok((!value.is_null()).then_some(value))
+    }
+
+    /// Stores `value` (of type `ty`) as the key's value, replacing any value of that type and
+    /// the key's expiry. The key must be open for writing.
+    pub fn set_value<T>(&mut self, ty: &RedisType, value: T) -> Result<(), RedisError> {
+        if !self.writable {
+            return Err(RedisError::Str("ERR the key is not open for writing"));
+        }
+        crate::shell::wrongtype(verify_type(self.inner, ty))?;
+        let set = api!(RedisModule_ModuleTypeSetValue)?;
+        let value = Box::into_raw(Box::new(value)).cast::<c_void>();
+        // SAFETY: the key is open for writing; on success Redis owns the value and frees it
+        // through the type's `free` callback (which drops a `Box<T>`).
+        let status = unsafe { set(self.inner, *ty.raw_type.borrow(), value) };
+        if status == OK {
+            Ok(())
+        } else {
+            // SAFETY: Redis refused the value, so it is still ours.
+            drop(unsafe { Box::from_raw(value.cast::<T>()) });
+            Err(RedisError::Str("ERR could not store the value"))
+        }
+    }
+
+    /// Sets the key to expire at `at_ms` (absolute unix ms). The key must hold a value.
+    pub fn set_abs_expire(&self, at_ms: i64) -> Result<(), RedisError> {
+        let set = api!(RedisModule_SetAbsExpire)?;
+        // SAFETY: the key is open (Redis refuses a read-only or empty one with an error).
+        if !self.inner.is_null() && unsafe { set(self.inner, at_ms) } == OK {
+            Ok(())
+        } else {
+            Err(RedisError::Str("ERR could not set the key's expiry"))
+        }
+    }
+
+    /// Deletes the key (a no-op if it is empty).
+    pub fn delete(&self) -> Result<(), RedisError> {
+        let delete = api!(RedisModule_DeleteKey)?;
+        // SAFETY: the key is open (Redis refuses a read-only one with an error).
+        if !self.inner.is_null() && unsafe { delete(self.inner) } == OK {
+            Ok(())
+        } else {
+            Err(RedisError::Str("ERR could not delete the key"))
+        }
+    }
+}
+
+impl Drop for ModuleKey<'_> {
+    fn drop(&mut self) {
+        if self.signal {
+            // SAFETY: the context and the key name outlive this key (the borrow says so).
+            unsafe {
+                if let Some(signal) = raw::RedisModule_SignalModifiedKey {
+                    signal(self.ctx, self.name);
+                }
+            }
+        }
+        raw::close_key(self.inner);
+    }
+}
