@@ -47,11 +47,11 @@ fn config() -> ProptestConfig {
 }
 
 /// Number of properties below: `make fuzz` gives each an equal share of `FUZZ_SECONDS`.
-const PROPERTIES: u32 = 7;
+const PROPERTIES: u32 = 8;
 
 /// Runs `test` on values of `strategy` for `PROPTEST_CASES` cases (256 by default). With
 /// `FUZZ_SECONDS` set (`make fuzz`) it runs them in batches of 250 and stops early once this
-/// property's share of the time (`FUZZ_SECONDS / 7`) is used up. A failure is shrunk and
+/// property's share of the time (`FUZZ_SECONDS / 8`) is used up. A failure is shrunk and
 /// reported as by `proptest!`, never cut short by the time limit.
 fn fuzz<S>(strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
 where
@@ -711,6 +711,42 @@ fn effect_tokens_round_trip() {
                 let _ = effects::decode(dropped.iter().map(Vec::as_slice));
                 tokens[i] = replacement;
                 let _ = effects::decode(tokens.iter().map(Vec::as_slice));
+            }
+            Ok(())
+        },
+    );
+}
+
+/// The packed form (`QUOTA.APPLY key <packed>`): packing then unpacking gives the token form
+/// back and decodes to the same effects, whatever bytes the ids hold; any byte string, and
+/// any packed string with one byte changed or cut short, unpacks or fails without panicking.
+#[test]
+fn packed_effects_round_trip() {
+    let list = proptest::collection::vec(effect(), 1..6);
+    let junk = proptest::collection::vec(any::<u8>(), 0..64);
+    fuzz(
+        (list, any::<i64>(), any::<Index>(), any::<u8>(), junk),
+        |(list, at, at_byte, byte, junk)| {
+            let packed = redis_quota::shell::replicate::pack_effects(at, &list);
+            let bytes = packed.as_bytes().to_vec();
+            let mut tokens = vec![at.to_string().into_bytes()];
+            for e in &list {
+                effects::encode(e, &mut tokens);
+            }
+            let unpacked =
+                effects::unpack(&bytes).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            prop_assert_eq!(&unpacked, &tokens);
+            let back = effects::decode(unpacked.into_iter().skip(1));
+            prop_assert_eq!(back.as_ref().ok(), Some(&list));
+            let i = at_byte.index(bytes.len());
+            let mut changed = bytes.clone();
+            changed[i] = byte;
+            if let Ok(t) = effects::unpack(&changed) {
+                let _ = effects::decode(t.into_iter().skip(1));
+            }
+            let _ = effects::unpack(&bytes[..i]);
+            if let Ok(t) = effects::unpack(&junk) {
+                let _ = effects::decode(t.into_iter());
             }
             Ok(())
         },
