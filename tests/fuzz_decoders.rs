@@ -746,7 +746,7 @@ fn packed_effects_round_trip() {
             }
             let _ = effects::unpack(&bytes[..i]);
             if let Ok(t) = effects::unpack(&junk) {
-                let _ = effects::decode(t.into_iter());
+                let _ = effects::decode(t);
             }
             Ok(())
         },
