@@ -198,7 +198,8 @@ impl TokenSink for Packed {
 }
 
 /// Splits a [`Packed`] string back into its tokens. Errors on an empty token, a doubled or
-/// trailing space, or a length prefix that is not a decimal count of the bytes that follow.
+/// trailing space, or a length prefix that is not the decimal count (no leading zero) of the
+/// bytes that follow.
 pub fn unpack(packed: &[u8]) -> Result<Vec<&[u8]>, RedisError> {
     let bad = || RedisError::Str("ERR malformed packed effects");
     let mut tokens = Vec::new();
@@ -213,6 +214,8 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<&[u8]>, RedisError> {
             let len = std::str::from_utf8(head)
                 .ok()
                 .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+                // One spelling per length, as the master writes it: no leading zero.
+                .filter(|s| s.len() == 1 || !s.starts_with('0'))
                 .and_then(|s| s.parse::<usize>().ok())
                 .ok_or_else(bad)?;
             let body = tail.get(1..).ok_or_else(bad)?;

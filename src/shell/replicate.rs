@@ -197,6 +197,8 @@ mod tests {
             b"x:ab",
             b"-1:",
             b"99999999999999999999999:x",
+            b"01:x",
+            b"00:",
         ] {
             assert!(effects::unpack(bad).is_err(), "{:?}", bad);
         }
