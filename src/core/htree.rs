@@ -234,13 +234,7 @@ impl HTree {
 
     /// The last handle in order.
     pub fn last(&self) -> Option<u32> {
-        let mut node = self.root.as_ref()?;
-        loop {
-            match node {
-                Node::Leaf(items) => return items.get(items.len().checked_sub(1)?),
-                Node::Inner(inner) => node = inner.children.last()?,
-            }
-        }
+        last_of(self.root.as_ref()?)
     }
 
     /// Inserts `h`, whose key `probe` describes. False (and nothing changed) if the key is
@@ -254,7 +248,10 @@ impl HTree {
             self.counts.leaves = 1;
             return true;
         };
-        let result = insert_rec(&mut root, h, &probe, true, &mut self.counts);
+        // Keys mostly arrive in order (generated ids, deadlines, finish times): one comparison
+        // with the last key then replaces a binary search at every level.
+        let append = last_of(&root).is_some_and(|last| probe(last) == Ordering::Greater);
+        let result = insert_rec(&mut root, h, &probe, true, append, &mut self.counts);
         match result {
             Ins::Dup => {
                 self.root = Some(root);
@@ -435,17 +432,36 @@ fn check_node(
     Ok(())
 }
 
-/// Inserts into the subtree at `node`; `rightmost`: the node is the last at its depth.
+/// The last handle of the subtree at `node`.
+fn last_of(mut node: &Node) -> Option<u32> {
+    loop {
+        match node {
+            Node::Leaf(items) => return items.get(items.len().checked_sub(1)?),
+            Node::Inner(inner) => node = inner.children.last()?,
+        }
+    }
+}
+
+/// Inserts into the subtree at `node`; `rightmost`: the node is the last at its depth;
+/// `append`: the key is known to be above every key of the tree (so no search is needed).
 fn insert_rec(
     node: &mut Node,
     h: u32,
     probe: &impl Fn(u32) -> Ordering,
     rightmost: bool,
+    append: bool,
     counts: &mut NodeCounts,
 ) -> Ins {
+    let find = |items: &Items| {
+        if append {
+            Err(items.len())
+        } else {
+            search(items.as_slice(), probe)
+        }
+    };
     match node {
         Node::Leaf(items) => {
-            let Err(pos) = search(items.as_slice(), probe) else {
+            let Err(pos) = find(items) else {
                 return Ins::Dup;
             };
             if items.insert(pos, h) {
@@ -457,17 +473,18 @@ fn insert_rec(
             Ins::Split(separator, Node::Leaf(Box::new(right)))
         }
         Node::Inner(inner) => {
-            let Err(pos) = search(inner.items.as_slice(), probe) else {
+            let Err(pos) = find(&inner.items) else {
                 return Ins::Dup;
             };
             let child_rightmost = rightmost && pos == inner.items.len();
             let Some(child) = inner.children.get_mut(pos) else {
                 return Ins::Dup;
             };
-            let (separator, right) = match insert_rec(child, h, probe, child_rightmost, counts) {
-                Ins::Split(separator, right) => (separator, right),
-                other => return other,
-            };
+            let (separator, right) =
+                match insert_rec(child, h, probe, child_rightmost, append, counts) {
+                    Ins::Split(separator, right) => (separator, right),
+                    other => return other,
+                };
             let child_pos = pos.saturating_add(1);
             if inner.items.insert(pos, separator) {
                 insert_child(&mut inner.children, child_pos, right);
