@@ -54,7 +54,7 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
     let result = match key.value_mut::<Budget>(&BUDGET_TYPE)? {
-        Some(budget) => apply_tracked(ctx, key_name, budget, at, &list),
+        Some(budget) => apply_tracked(ctx, key_name, budget, at, &list).0,
         None => {
             // Only a CONFIG effect creates a budget.
             let Some(Effect::Configure { settings, .. }) = list.first() else {

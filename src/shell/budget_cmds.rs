@@ -57,22 +57,21 @@ fn run_write<R>(
         }
     };
     let budget = key.value_mut::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)?;
-    apply_and_propagate(ctx, key_name, budget, now, &plan.effects)?;
-    let view = budget.view(now);
+    let view = apply_and_propagate(ctx, key_name, budget, now, &plan.effects)?;
     Ok((plan.reply, view))
 }
 
 /// Applies effects to a budget in place (master path) and replicates the ones applied.
-/// Returns how many were applied, or the error that stopped them (the ones before it are kept
-/// and replicated).
+/// Returns the budget's view at `at` afterwards, or the error that stopped the effects (the
+/// ones before it are kept and replicated).
 pub fn apply_and_propagate(
     ctx: &Context,
     key_name: &RedisString,
     budget: &mut Budget,
     at: i64,
     effects: &[Effect],
-) -> Result<usize, RedisError> {
-    let result = apply_tracked(ctx, key_name, budget, at, effects);
+) -> Result<View, RedisError> {
+    let (result, view) = apply_tracked(ctx, key_name, budget, at, effects);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
     // Lazy releases riding on this write (the sweeper counts its own).
@@ -83,27 +82,30 @@ pub fn apply_and_propagate(
     stats::add(&stats::EXPIRED, i64::try_from(expired).unwrap_or(0));
     match result.error {
         Some(e) => Err(e),
-        None => Ok(result.applied),
+        None => Ok(view),
     }
 }
 
 /// Applies effects in place and does what follows any change, on a master or a replica alike:
 /// publish their keyspace events, keep the module counters and the sweeper's index in step.
-/// Replication is the caller's: effects on a master, verbatim on a replica.
+/// Replication is the caller's: effects on a master, verbatim on a replica. Returns how far
+/// the effects got and the budget's view at `at` afterwards (computed once, for the events and
+/// the caller's reply).
 pub fn apply_tracked(
     ctx: &Context,
     key_name: &RedisString,
     budget: &mut Budget,
     at: i64,
     effects: &[Effect],
-) -> Applied {
+) -> (Applied, View) {
     let before = Counts::of(budget);
     let result = apply_all(budget, at, effects);
     Counts::of(budget).record_since(&before);
+    let view = budget.view(at);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
-    events::notify(ctx, key_name, applied, budget.view(at).available);
+    events::notify(ctx, key_name, applied, view.available);
     sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
-    result
+    (result, view)
 }
 
 /// Pending and remembered counts of a budget, to keep the module-wide totals in step.
