@@ -24,6 +24,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{TestCaseError, TestRunner};
 
+use redis_quota::core::book::Id;
 use redis_quota::core::error::LedgerError;
 use redis_quota::core::ledger::{Budget, Effect, Policy, ReserveReply, Settings};
 use redis_quota::core::period::{Period, PeriodKind};
@@ -621,7 +622,8 @@ fn token() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn effect() -> impl Strategy<Value = Effect> {
-    let id = proptest::collection::vec(any::<u8>(), 1..20).prop_map(|v| v.into_boxed_slice());
+    // Up to 40 bytes: ids stored inline (≤ 24) and on the heap.
+    let id = proptest::collection::vec(any::<u8>(), 1..40).prop_map(Id::from_vec);
     let n = prop_oneof![any::<i64>(), 0i64..1000];
     prop_oneof![
         (

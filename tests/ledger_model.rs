@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest::test_runner::TestCaseError;
-use redis_quota::core::book::{Outcome, Reservation};
+use redis_quota::core::book::{Id, Outcome, Reservation};
 use redis_quota::core::error::LedgerError;
 use redis_quota::core::id::StreamId;
 use redis_quota::core::ledger::MAX_TTL_MS;
@@ -579,7 +579,7 @@ impl Model {
 
     /// The command effect the model expects for `change` (`gen`: the generated id, if any).
     fn expected_effect(change: &Change, gen: Option<&[u8]>) -> Option<Effect> {
-        let b = |v: &[u8]| v.to_vec().into_boxed_slice();
+        let b = Id::from_slice;
         Some(match change {
             Change::None => return None,
             Change::Configure { settings, used } => Effect::Configure {
@@ -1637,7 +1637,7 @@ fn expired_unreleased_and_released_decide_alike() {
     );
     assert_eq!(r, Reply::Charge(true));
     assert!(effects.contains(&Effect::Release {
-        id: id("a").into_boxed_slice()
+        id: Id::from_vec(id("a"))
     }));
     assert_ne!(lazy, eager);
     assert_eq!(lazy.book().pending_len(), 1);
@@ -1730,7 +1730,7 @@ fn expiry_and_forget_boundaries_are_exact() {
     assert_eq!(
         effects.first(),
         Some(&Effect::Forget {
-            id: id("a").into_boxed_slice()
+            id: Id::from_vec(id("a"))
         })
     );
     b.check_invariants().unwrap();

@@ -27,7 +27,7 @@ use std::fmt;
 use crate::core::htree::HTree;
 
 /// A reservation or charge id: 1..=max-id-length arbitrary bytes.
-pub type Id = Box<[u8]>;
+pub type Id = smallvec::SmallVec<[u8; 24]>;
 
 /// A pending reservation. Times are unix ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

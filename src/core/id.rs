@@ -37,8 +37,8 @@ impl StreamId {
         Some(StreamId { ms, seq })
     }
 
-    /// The canonical `<ms>-<seq>` spelling.
-    pub fn to_bytes(self) -> Box<[u8]> {
+    /// The canonical `<ms>-<seq>` spelling (at most 41 bytes; inline up to 24).
+    pub fn to_bytes(self) -> crate::core::book::Id {
         let mut buf = [0u8; 41];
         let mut len = 0usize;
         let mut put = |text: &[u8]| {
@@ -51,7 +51,7 @@ impl StreamId {
         put(itoa::Buffer::new().format(self.ms).as_bytes());
         put(b"-");
         put(itoa::Buffer::new().format(self.seq).as_bytes());
-        buf.get(..len).unwrap_or(&[]).into()
+        crate::core::book::Id::from_slice(buf.get(..len).unwrap_or(&[]))
     }
 }
 

@@ -375,10 +375,14 @@ impl Budget {
             Some(Entry::Finished(f)) => (false, now >= f.finished_ms.saturating_add(keep_ms)),
         };
         if release {
-            effects.push(Effect::Release { id: id.into() });
+            effects.push(Effect::Release {
+                id: Id::from_slice(id),
+            });
         }
         if forget {
-            effects.push(Effect::Forget { id: id.into() });
+            effects.push(Effect::Forget {
+                id: Id::from_slice(id),
+            });
         }
     }
 
@@ -435,9 +439,13 @@ impl Budget {
             if skip == Some(id) {
                 continue;
             }
-            effects.push(Effect::Release { id: id.into() });
+            effects.push(Effect::Release {
+                id: Id::from_slice(id),
+            });
             if now >= deadline.saturating_add(keep_ms) {
-                effects.push(Effect::Forget { id: id.into() });
+                effects.push(Effect::Forget {
+                    id: Id::from_slice(id),
+                });
             }
         }
         let forgets = self
@@ -456,7 +464,9 @@ impl Budget {
             if skip == Some(id) {
                 continue;
             }
-            effects.push(Effect::Forget { id: id.into() });
+            effects.push(Effect::Forget {
+                id: Id::from_slice(id),
+            });
         }
     }
 
@@ -637,7 +647,9 @@ impl Budget {
                 IdState::Pending(r) if r.amount == amount => {
                     return Ok(Plan {
                         effects: Vec::new(),
-                        reply: ReserveReply::Retried { id: id.into() },
+                        reply: ReserveReply::Retried {
+                            id: Id::from_slice(id),
+                        },
                     })
                 }
                 IdState::Pending(_) => {
@@ -685,7 +697,7 @@ impl Budget {
         // A client id may still be physically there (logically forgotten): prepare it. A
         // generated id is known to be new.
         let (id, prepare): (Id, bool) = match id {
-            Some(id) => (id.into(), true),
+            Some(id) => (Id::from_slice(id), true),
             None => (self.next_id(now)?, false),
         };
         let grant = Effect::Grant {
@@ -727,7 +739,7 @@ impl Budget {
                 (
                     SettleStatus::Settled,
                     Effect::Settle {
-                        id: id.into(),
+                        id: Id::from_slice(id),
                         actual,
                     },
                     full,
@@ -740,7 +752,7 @@ impl Budget {
                 (
                     SettleStatus::Late,
                     Effect::SettleLate {
-                        id: id.into(),
+                        id: Id::from_slice(id),
                         actual,
                     },
                     full,
@@ -788,7 +800,9 @@ impl Budget {
             IdState::Pending(r) => (
                 RollbackStatus::RolledBack,
                 r.amount,
-                vec![Effect::Rollback { id: id.into() }],
+                vec![Effect::Rollback {
+                    id: Id::from_slice(id),
+                }],
             ),
             IdState::Expired { .. } => (RollbackStatus::Expired, 0, Vec::new()),
             IdState::Done(Outcome::RolledBack { .. }) => (RollbackStatus::Duplicate, 0, Vec::new()),
@@ -838,7 +852,7 @@ impl Budget {
                     Some(id),
                     false,
                     vec![Effect::Extend {
-                        id: id.into(),
+                        id: Id::from_slice(id),
                         deadline_ms,
                     }],
                 );
@@ -924,7 +938,7 @@ impl Budget {
             .take(count)
             .map(|(id, r)| {
                 (
-                    id.into(),
+                    Id::from_slice(id),
                     r.amount,
                     now.saturating_sub(r.created_ms).max(0),
                     r.deadline_ms.saturating_sub(now),

@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn packed_form_unpacks_to_the_token_form() {
-        let id: Box<[u8]> = b"r 1:x"[..].into();
+        let id = crate::core::book::Id::from_slice(b"r 1:x");
         let effects = [
             Effect::Configure {
                 settings: Settings {
