@@ -414,6 +414,13 @@ impl Buckets {
         self.counts.len()
     }
 
+    /// The index of the newest bucket (the greatest), if any.
+    fn newest_index(&self) -> Option<i64> {
+        self.offsets
+            .back()
+            .map(|&offset| self.base.saturating_add(i64::from(offset)))
+    }
+
     /// The buckets by value, oldest first.
     fn iter(&self) -> impl ExactSizeIterator<Item = Bucket> + Clone + '_ {
         let base = self.base;
@@ -678,11 +685,11 @@ impl Window {
     /// `i64::MAX`.
     pub fn empty_at_ms(&self) -> Option<i64> {
         let horizon = i128::from(self.horizon_ms);
+        // Buckets are in increasing index order (kept so, and checked on load): the newest
+        // leaves last.
         self.buckets
-            .iter()
-            .map(|b| bucket_last(b.index, self.precision_ms).saturating_add(horizon))
-            .max()
-            .map(clamp_i64)
+            .newest_index()
+            .map(|index| clamp_i64(bucket_last(index, self.precision_ms).saturating_add(horizon)))
     }
 
     /// Heap bytes owned (bucket storage, by capacity), for MEMORY USAGE:
