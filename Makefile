@@ -46,6 +46,7 @@ demo: release
 ## bench: the module against the Lua scripts it replaces (speed, memory, sweeper); writes
 ## docs/benchmarks.md. QUICK=1 for a short run (under a minute).
 bench: release
+	$(CARGO) build --release --example apifloor
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) BENCH_QUICK=$(QUICK) $(CARGO) run --release --example bench
 
 ## fuzz: the decoder properties (tests/fuzz_decoders.rs: RDB/RESTORE decoders, QUOTA.APPLY

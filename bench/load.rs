@@ -51,6 +51,8 @@ impl Scripts {
 pub enum Kind {
     Incr,
     Hincrby,
+    /// `FLOOR.WRITE` (bench/floor.rs): the module API calls of a write, no ledger.
+    Floor,
     LuaReserve,
     LuaCycle,
     LuaRollback,
@@ -64,9 +66,10 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Incr,
         Kind::Hincrby,
+        Kind::Floor,
         Kind::LuaReserve,
         Kind::LuaCycle,
         Kind::LuaRollback,
@@ -83,6 +86,7 @@ impl Kind {
         match self {
             Kind::Incr => "INCR",
             Kind::Hincrby => "HINCRBY",
+            Kind::Floor => "module API floor (FLOOR.WRITE)",
             Kind::LuaReserve => "Lua reserve",
             Kind::LuaCycle => "Lua reserve+settle",
             Kind::LuaRollback => "Lua rollback",
@@ -101,6 +105,7 @@ impl Kind {
         match self {
             Kind::Incr => &["incr"],
             Kind::Hincrby => &["hincrby"],
+            Kind::Floor => &["floor.write"],
             Kind::LuaReserve
             | Kind::LuaCycle
             | Kind::LuaRollback
@@ -496,6 +501,7 @@ fn batch(
     match kind {
         Kind::Incr
         | Kind::Hincrby
+        | Kind::Floor
         | Kind::LuaWindow
         | Kind::LuaDaily
         | Kind::Charge
@@ -533,6 +539,11 @@ fn batch(
                         p.bulk(&kb);
                         p.int(BIG_LIMIT);
                     }
+                    Kind::Floor => {
+                        let kb = key("bench:f:", k);
+                        p.cmd(2).bulk(b"FLOOR.WRITE");
+                        p.bulk(&kb);
+                    }
                     Kind::Window => {
                         let kb = key("bench:qw:", k);
                         p.cmd(4).bulk(b"QUOTA.WINDOW");
@@ -553,7 +564,7 @@ fn batch(
             for v in &replies {
                 match kind {
                     Kind::LuaWindow | Kind::LuaDaily => expect_int(v, 1)?,
-                    Kind::Charge | Kind::Window => expect_first(v, 1)?,
+                    Kind::Charge | Kind::Window | Kind::Floor => expect_first(v, 1)?,
                     Kind::Incr | Kind::Hincrby if !matches!(v, Value::Int(_)) => {
                         return Err(format!("unexpected reply {v:?}").into());
                     }

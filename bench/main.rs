@@ -20,7 +20,9 @@
 //! `BENCH_SECONDS` (per workload and depth), `BENCH_REPEAT` (passes over the load workloads,
 //! each keeping its best; default 3, QUICK 1), `BENCH_ONLY=load,memory,sweeper`,
 //! `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report path, `-` for none),
-//! `QUOTA_MODULE` (module path, default `target/release/libredis_quota.so`).
+//! `QUOTA_MODULE` (module path, default `target/release/libredis_quota.so`),
+//! `QUOTA_FLOOR_MODULE` (the API-floor module of bench/floor.rs, default
+//! `target/release/examples/libapifloor.so`; its row is left out if it is missing).
 //!
 //! Benchmarks are not tests: nothing here asserts a timing; goals are reported met / not met.
 
@@ -144,7 +146,14 @@ fn run() -> Result<()> {
     let mut results = report::Results::default();
 
     if cfg.runs("load") {
-        let server = Server::start(&module, "load", &[])?;
+        let floor = server::floor_module_path();
+        if floor.is_none() {
+            eprintln!(
+                "bench: no target/release/examples/libapifloor.so (cargo build --release \
+                 --example apifloor): the API floor row is left out"
+            );
+        }
+        let server = Server::start_with(&module, floor.as_deref(), "load", &[])?;
         let mut con = server.connection()?;
         results.redis_version = server::redis_version(&mut con)?;
         let scripts = Scripts::load(&mut con)?;
@@ -160,6 +169,9 @@ fn run() -> Result<()> {
         // most throughput: outside load only ever adds time).
         for pass in 0..cfg.repeat {
             for kind in Kind::ALL {
+                if kind == Kind::Floor && floor.is_none() {
+                    continue;
+                }
                 for depth in DEPTHS {
                     // Rollbacks need reservations made beforehand: enough for the run at the
                     // matching reserve workload's pace, with a margin.

@@ -61,7 +61,7 @@ impl Results {
 /// The Lua workload each module workload replaces.
 fn lua_twin(kind: Kind) -> Option<Kind> {
     Some(match kind {
-        Kind::Reserve => Kind::LuaReserve,
+        Kind::Reserve | Kind::Floor => Kind::LuaReserve,
         Kind::Cycle => Kind::LuaCycle,
         Kind::Rollback => Kind::LuaRollback,
         Kind::Charge => Kind::LuaDaily,
@@ -387,7 +387,32 @@ fn goals(cfg: &Config, r: &Results) -> String {
         s,
         "| MRESERVE over 3 keys + MSETTLE | – | – | not measured: the commands do not exist yet |"
     );
+    s.push_str(&floor_note(r));
     s
+}
+
+/// What the module API alone costs in this run (`FLOOR.WRITE`), against the CPU goals.
+fn floor_note(r: &Results) -> String {
+    let (Some(floor), Some(hincr), Some(reserve)) = (
+        r.cost(Kind::Floor),
+        r.cost(Kind::Hincrby),
+        r.cost(Kind::Reserve),
+    ) else {
+        return String::new();
+    };
+    let lua = |k| r.cost(k).map_or("–".into(), |c| ratio(floor, c));
+    format!(
+        "\nThe module API floor in this run: a command making only the Redis calls a granted \
+         RESERVE makes (open the key, replicate one packed string, a 4-element reply; \
+         `bench/floor.rs`) costs {floor:.2} µs: {} HINCRBY, {} of the Lua reserve, {} of the \
+         Lua window. RESERVE above that floor (the ledger and its bookkeeping) is {:.2} µs \
+         ({} HINCRBY).\n",
+        ratio(floor, hincr),
+        lua(Kind::LuaReserve),
+        lua(Kind::LuaWindow),
+        reserve - floor,
+        ratio(reserve - floor, hincr),
+    )
 }
 
 /// Writes `text` between the markers of the doc at `path` (creating it if needed).

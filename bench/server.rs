@@ -26,6 +26,17 @@ pub fn module_path() -> Result<PathBuf> {
     })
 }
 
+/// `$QUOTA_FLOOR_MODULE`, else `target/release/examples/libapifloor.so` (bench/floor.rs, built
+/// by `make bench`); `None` if it is not there (the floor row is then left out).
+pub fn floor_module_path() -> Option<PathBuf> {
+    let path = match std::env::var_os("QUOTA_FLOOR_MODULE") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/release/examples/libapifloor.so"),
+    };
+    std::fs::canonicalize(path).ok()
+}
+
 pub struct Server {
     pub port: u16,
     dir: PathBuf,
@@ -35,6 +46,16 @@ pub struct Server {
 impl Server {
     /// Starts a server; `module_args` go after the module path (`name value ...` configs).
     pub fn start(module: &Path, tag: &str, module_args: &[&str]) -> Result<Server> {
+        Server::start_with(module, None, tag, module_args)
+    }
+
+    /// [`Server::start`], also loading `extra` (a second module, without arguments).
+    pub fn start_with(
+        module: &Path,
+        extra: Option<&Path>,
+        tag: &str,
+        module_args: &[&str],
+    ) -> Result<Server> {
         let dir =
             std::env::temp_dir().join(format!("redis-quota-bench-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir)
@@ -45,7 +66,11 @@ impl Server {
             .port();
         let mut load = vec![module.display().to_string()];
         load.extend(module_args.iter().map(|s| s.to_string()));
-        let child = Command::new("redis-server")
+        let mut cmd = Command::new("redis-server");
+        if let Some(extra) = extra {
+            cmd.arg("--loadmodule").arg(extra);
+        }
+        let child = cmd
             .arg("--port")
             .arg(port.to_string())
             .arg("--bind")

@@ -1,0 +1,67 @@
+//! `libapifloor.so`: the module API floor of a quota write, loaded next to redis-quota by
+//! `make bench` so that the table can say what a write costs before any ledger work.
+//!
+//! `FLOOR.WRITE key` makes exactly the Redis module API calls a granted `QUOTA.RESERVE` makes,
+//! through the same `redis-module` command wrapper, and nothing else: it opens `key` writable
+//! (and closes it, which signals it), replicates one packed string the size of a RESERVE's
+//! effects with `RedisModule_Replicate` ("sb"), and replies with a four-element array shaped like
+//! a grant (`[1, id, available, 0]`). `FLOOR.NOP` exists only as the replicated command's name
+//! (`RedisModule_Replicate` refuses unknown names); the bench server has no replica and no AOF,
+//! as for every workload.
+//!
+//! Not part of the product: an example target (`cargo build --release --example apifloor`).
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::os::raw::c_char;
+
+use redis_module::{raw, redis_module, Context, RedisError, RedisResult, RedisString, RedisValue};
+
+/// What a RESERVE replicates: `<at> GRANT <len>:<id> <amount> <deadline>` (same length).
+const PACKED: &[u8] = b"1764485000000 GRANT 15:1764485000000-0 5 1764488600000";
+const ID: &[u8] = b"1764485000000-0";
+
+fn floor_write(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let Some(key_name) = args.get(1) else {
+        return Err(RedisError::WrongArity);
+    };
+    {
+        let key = ctx.open_key_writable(key_name);
+        // A RESERVE checks the key's type before reading its value.
+        let _ = key.key_type();
+    }
+    // SAFETY: a live context, key string and static buffer for the duration of the call.
+    unsafe {
+        if let Some(replicate) = raw::RedisModule_Replicate {
+            replicate(
+                ctx.ctx,
+                c"FLOOR.NOP".as_ptr(),
+                c"sb".as_ptr(),
+                key_name.inner,
+                PACKED.as_ptr().cast::<c_char>(),
+                PACKED.len(),
+            );
+        }
+    }
+    raw::reply_with_array(ctx.ctx, 4);
+    raw::reply_with_long_long(ctx.ctx, 1);
+    raw::reply_with_string_buffer(ctx.ctx, ID.as_ptr().cast(), ID.len());
+    raw::reply_with_long_long(ctx.ctx, 999);
+    raw::reply_with_long_long(ctx.ctx, 0);
+    Ok(RedisValue::NoReply)
+}
+
+fn floor_nop(_: &Context, _: Vec<RedisString>) -> RedisResult {
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+redis_module! {
+    name: "apifloor",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [],
+    commands: [
+        ["FLOOR.WRITE", floor_write, "write deny-oom fast", 1, 1, 1, ""],
+        ["FLOOR.NOP", floor_nop, "write", 1, 1, 1, ""],
+    ],
+}
