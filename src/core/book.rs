@@ -10,8 +10,12 @@
 //! jemalloc size class, no doubling slack) and stay dense: a removed entry's slot is refilled
 //! with the slab's last entry, whose handle is updated in the indexes (O(log n)).
 //!
-//! The three orders are [`HTree`]s of handles — B-trees that store 4-byte handles and compare
+//! The orders are [`HTree`]s of handles — B-trees that store 4-byte handles and compare
 //! through the slabs — so an index costs 4.5–6 bytes per entry instead of a copy of the id.
+//! Four of them: pending ids, finished ids, deadlines, finish times. Pending and finished ids
+//! are indexed apart so that a settle finds its (pending) id among the few pending ones, not
+//! among every remembered id, and a lookup of an id above all (a generated id) is one
+//! comparison; [`Book::entries`] merges the two into one id order.
 //! Ids longer than 16 bytes live in a side store (one allocation each), referenced from the
 //! slot.
 //!
@@ -119,8 +123,8 @@ const LEN_MASK: u8 = 0x1f;
 const LONG: u8 = LEN_MASK;
 /// High bits of `meta` in a finished slot: the outcome kind.
 const KIND_SHIFT: u32 = 5;
-/// Handle bit marking a finished entry in the by-id index.
-const FINISHED: u32 = 1 << 31;
+/// Handles are below this (31 bits), as when both kinds shared one id index.
+const HANDLE_LIMIT: u32 = 1 << 31;
 /// Slots per slab chunk: 124 × 41 = 5084 and 155 × 33 = 5115 bytes, each within the 5120-byte
 /// jemalloc class.
 const PENDING_CHUNK: usize = 124;
@@ -180,7 +184,7 @@ impl FinishedSlot {
 
 /// The handle of slab position `len`, if it fits the handle space (31 bits).
 fn handle_of(len: usize) -> Option<u32> {
-    u32::try_from(len).ok().filter(|h| h & FINISHED == 0)
+    u32::try_from(len).ok().filter(|&h| h < HANDLE_LIMIT)
 }
 
 /// Dense storage in fixed-size chunks; handles are positions.
@@ -382,25 +386,6 @@ impl Store {
             .map_or(&[], |s| self.id(&s.id, s.meta))
     }
 
-    /// The id of a by-id index handle.
-    fn any_id(&self, tagged: u32) -> &[u8] {
-        if tagged & FINISHED == 0 {
-            self.pending_id(tagged)
-        } else {
-            self.finished_id(tagged & !FINISHED)
-        }
-    }
-
-    fn entry(&self, tagged: u32) -> Option<Entry> {
-        if tagged & FINISHED == 0 {
-            self.pending_slot(tagged)
-                .map(|s| Entry::Pending(s.reservation()))
-        } else {
-            self.finished_slot(tagged & !FINISHED)
-                .map(|s| Entry::Finished(s.entry()))
-        }
-    }
-
     /// Orders by deadline, then id.
     fn pending_key(&self, h: u32) -> (i64, &[u8]) {
         match self.pending_slot(h) {
@@ -531,6 +516,11 @@ fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished
     }
 }
 
+/// The time of the first entry of a time index, through `time_of` its handle.
+fn first_key(tree: &HTree, time_of: impl Fn(u32) -> Option<i64>) -> Option<i64> {
+    tree.first().and_then(time_of)
+}
+
 /// Removes handle `h` from a time index. The soonest entry (what expiry and forgetting take)
 /// is found without comparing keys: it is the leftmost, below every other.
 fn remove_handle(tree: &mut HTree, h: u32, probe: impl Fn(u32) -> Ordering) {
@@ -547,13 +537,12 @@ fn remove_handle(tree: &mut HTree, h: u32, probe: impl Fn(u32) -> Ordering) {
     }
 }
 
-/// Takes pending slot `h` out of the slab and the deadline index. The id index must no longer
-/// hold `h` for this entry (removed, or pointing at the entry's new slot); the long-id store is
-/// the caller's.
+/// Takes pending slot `h` out of the slab and the deadline index. The pending-id index must
+/// no longer hold `h` for this entry; the long-id store is the caller's.
 fn take_pending(
     store: &mut Store,
     by_deadline: &mut HTree,
-    by_id: &mut HTree,
+    pending_ids: &mut HTree,
     h: u32,
 ) -> Option<PendingSlot> {
     {
@@ -565,7 +554,7 @@ fn take_pending(
         if let Some(last) = store.pending.last_handle().filter(|&l| l != h) {
             let moved = store.pending_key(last);
             by_deadline.replace(|x| moved.cmp(&store.pending_key(x)), h);
-            by_id.replace(|x| moved.1.cmp(store.any_id(x)), h);
+            pending_ids.replace(|x| moved.1.cmp(store.pending_id(x)), h);
         }
     }
     store.pending.swap_remove(h)
@@ -575,7 +564,7 @@ fn take_pending(
 fn take_finished(
     store: &mut Store,
     by_finish: &mut HTree,
-    by_id: &mut HTree,
+    finished_ids: &mut HTree,
     h: u32,
 ) -> Option<FinishedSlot> {
     {
@@ -586,7 +575,7 @@ fn take_finished(
         if let Some(last) = store.finished.last_handle().filter(|&l| l != h) {
             let moved = store.finished_key(last);
             by_finish.replace(|x| moved.cmp(&store.finished_key(x)), h);
-            by_id.replace(|x| moved.1.cmp(store.any_id(x)), h | FINISHED);
+            finished_ids.replace(|x| moved.1.cmp(store.finished_id(x)), h);
         }
     }
     store.finished.swap_remove(h)
@@ -596,12 +585,32 @@ fn take_finished(
 #[derive(Clone, Default)]
 pub struct Book {
     store: Store,
-    /// Every id: pending handles, and finished handles with [`FINISHED`] set.
-    by_id: HTree,
+    /// Pending handles by id.
+    pending_ids: HTree,
+    /// Finished handles by id. Apart from the pending ones so that the ids a client settles
+    /// (pending, usually few) are found without searching the many remembered ids, and so that
+    /// a settled generated id (above every remembered one) is appended, not searched for.
+    finished_ids: HTree,
     /// Pending handles by (deadline, id).
     by_deadline: HTree,
     /// Finished handles by (finished_ms, id).
     by_finish: HTree,
+    /// The soonest deadline and the earliest finish time (the first keys of the two time
+    /// indexes), read by every command's view and maintenance: kept here so that reading them
+    /// does not walk down to a cold corner of a large book on each call.
+    soonest: Soonest,
+}
+
+/// The first keys of the time indexes, kept in step by every change.
+#[derive(Clone, Copy, Default)]
+struct Soonest {
+    deadline: Option<i64>,
+    finish: Option<i64>,
+}
+
+/// The earlier of a known soonest time and a time just added.
+fn earlier(known: Option<i64>, added: i64) -> Option<i64> {
+    Some(known.map_or(added, |k| k.min(added)))
 }
 
 impl Book {
@@ -617,13 +626,33 @@ impl Book {
 
     pub fn get(&self, id: &[u8]) -> Option<Entry> {
         let store = &self.store;
-        let tagged = self.by_id.find(|h| id.cmp(store.any_id(h)))?;
-        store.entry(tagged)
+        if let Some(h) = self.pending_ids.find(|h| id.cmp(store.pending_id(h))) {
+            return store
+                .pending_slot(h)
+                .map(|s| Entry::Pending(s.reservation()));
+        }
+        let h = self.finished_ids.find(|h| id.cmp(store.finished_id(h)))?;
+        store.finished_slot(h).map(|s| Entry::Finished(s.entry()))
+    }
+
+    /// Is `id` known (pending or remembered)?
+    fn contains(&self, id: &[u8]) -> bool {
+        let store = &self.store;
+        self.pending_ids
+            .find(|h| id.cmp(store.pending_id(h)))
+            .is_some()
+            || self
+                .finished_ids
+                .find(|h| id.cmp(store.finished_id(h)))
+                .is_some()
     }
 
     /// The greatest id (byte order) pending or remembered.
     pub fn last_id(&self) -> Option<&[u8]> {
-        self.by_id.last().map(|h| self.store.any_id(h))
+        let store = &self.store;
+        let pending = self.pending_ids.last().map(|h| store.pending_id(h));
+        let finished = self.finished_ids.last().map(|h| store.finished_id(h));
+        pending.max(finished)
     }
 
     /// Pending reservations, soonest deadline first, as `(deadline_ms, id)`.
@@ -643,12 +672,22 @@ impl Book {
 
     /// The soonest deadline of a pending reservation.
     pub fn first_deadline(&self) -> Option<i64> {
-        let h = self.by_deadline.first()?;
-        self.store.pending_slot(h).map(PendingSlot::deadline)
+        self.soonest.deadline
     }
 
     /// The earliest finish time of a remembered id.
     pub fn first_finish(&self) -> Option<i64> {
+        self.soonest.finish
+    }
+
+    /// The soonest deadline, read from the index (what [`Book::first_deadline`] caches).
+    fn indexed_first_deadline(&self) -> Option<i64> {
+        let h = self.by_deadline.first()?;
+        self.store.pending_slot(h).map(PendingSlot::deadline)
+    }
+
+    /// The earliest finish time, read from the index (what [`Book::first_finish`] caches).
+    fn indexed_first_finish(&self) -> Option<i64> {
         let h = self.by_finish.first()?;
         self.store.finished_slot(h).map(FinishedSlot::finished)
     }
@@ -680,9 +719,30 @@ impl Book {
     /// All entries in id order (for persistence and digests).
     pub fn entries(&self) -> impl Iterator<Item = (&[u8], Entry)> + '_ {
         let store = &self.store;
-        self.by_id
+        let mut pending = self
+            .pending_ids
             .iter()
-            .filter_map(|h| store.entry(h).map(|e| (store.any_id(h), e)))
+            .filter_map(|h| {
+                store
+                    .pending_slot(h)
+                    .map(|s| (store.pending_id(h), Entry::Pending(s.reservation())))
+            })
+            .peekable();
+        let mut finished = self
+            .finished_ids
+            .iter()
+            .filter_map(|h| {
+                store
+                    .finished_slot(h)
+                    .map(|s| (store.finished_id(h), Entry::Finished(s.entry())))
+            })
+            .peekable();
+        // A merge of the two id orders (an id is in one of them only).
+        std::iter::from_fn(move || match (pending.peek(), finished.peek()) {
+            (Some(p), Some(f)) if f.0 < p.0 => finished.next(),
+            (Some(_), _) => pending.next(),
+            (None, _) => finished.next(),
+        })
     }
 
     /// Inserts or replaces an entry, keeping the indexes in step. A replacement of the same
@@ -706,21 +766,34 @@ impl Book {
     ) -> Result<(), E> {
         let Book {
             store,
-            by_id,
+            pending_ids,
+            finished_ids,
             by_deadline,
             by_finish,
+            soonest,
         } = self;
-        let Some(slot) = by_id.find_mut(|h| id.cmp(store.any_id(h))) else {
-            return Err(missing);
+        let st = &*store;
+        // (is pending, handle): the pending ids first (fewer, and what settles look for).
+        let (is_pending, old) = match pending_ids.find(|h| id.cmp(st.pending_id(h))) {
+            Some(h) => (true, h),
+            None => match finished_ids.find(|h| id.cmp(st.finished_id(h))) {
+                Some(h) => (false, h),
+                None => return Err(missing),
+            },
         };
-        let old = *slot;
-        let Some(current) = store.entry(old) else {
+        let current = if is_pending {
+            st.pending_slot(old)
+                .map(|s| Entry::Pending(s.reservation()))
+        } else {
+            st.finished_slot(old).map(|s| Entry::Finished(s.entry()))
+        };
+        let Some(current) = current else {
             return Err(missing);
         };
         let entry = f(current)?;
-        match (old & FINISHED == 0, entry) {
+        match (is_pending, entry) {
             (true, Entry::Pending(r)) => update_pending(store, by_deadline, old, r),
-            (false, Entry::Finished(f)) => update_finished(store, by_finish, old & !FINISHED, f),
+            (false, Entry::Finished(f)) => update_finished(store, by_finish, old, f),
             (true, Entry::Finished(f)) => {
                 // The new slot exists before anything compares its handle.
                 let Some(&s) = store.pending_slot(old) else {
@@ -729,18 +802,58 @@ impl Book {
                 let Some(h) = add_finished(store, by_finish, s.id, s.meta, f) else {
                     return Err(missing);
                 };
-                *slot = h | FINISHED;
-                take_pending(store, by_deadline, by_id, old);
+                let st = &*store;
+                pending_ids.remove(|x| id.cmp(st.pending_id(x)));
+                finished_ids.insert(h, |x| id.cmp(st.finished_id(x)));
+                take_pending(store, by_deadline, pending_ids, old);
             }
             (false, Entry::Pending(r)) => {
-                let Some(&s) = store.finished_slot(old & !FINISHED) else {
+                let Some(&s) = store.finished_slot(old) else {
                     return Err(missing);
                 };
                 let Some(h) = add_pending(store, by_deadline, s.id, s.meta, r) else {
                     return Err(missing);
                 };
-                *slot = h;
-                take_finished(store, by_finish, by_id, old & !FINISHED);
+                let st = &*store;
+                finished_ids.remove(|x| id.cmp(st.finished_id(x)));
+                pending_ids.insert(h, |x| id.cmp(st.pending_id(x)));
+                take_finished(store, by_finish, finished_ids, old);
+            }
+        }
+        // Only a change at the front of a time index moves what is cached: a settle of a
+        // recent reservation (the usual case) leaves the soonest deadline where it was.
+        let first_deadline = |by_deadline: &HTree, store: &Store| {
+            first_key(by_deadline, |h| {
+                store.pending_slot(h).map(PendingSlot::deadline)
+            })
+        };
+        let first_finish = |by_finish: &HTree, store: &Store| {
+            first_key(by_finish, |h| {
+                store.finished_slot(h).map(FinishedSlot::finished)
+            })
+        };
+        match (current, entry) {
+            (Entry::Pending(a), Entry::Pending(b)) => {
+                if soonest.deadline == Some(a.deadline_ms) || b.deadline_ms < a.deadline_ms {
+                    soonest.deadline = first_deadline(by_deadline, store);
+                }
+            }
+            (Entry::Finished(a), Entry::Finished(b)) => {
+                if soonest.finish == Some(a.finished_ms) || b.finished_ms < a.finished_ms {
+                    soonest.finish = first_finish(by_finish, store);
+                }
+            }
+            (Entry::Pending(a), Entry::Finished(b)) => {
+                if soonest.deadline == Some(a.deadline_ms) {
+                    soonest.deadline = first_deadline(by_deadline, store);
+                }
+                soonest.finish = earlier(soonest.finish, b.finished_ms);
+            }
+            (Entry::Finished(a), Entry::Pending(b)) => {
+                if soonest.finish == Some(a.finished_ms) {
+                    soonest.finish = first_finish(by_finish, store);
+                }
+                soonest.deadline = earlier(soonest.deadline, b.deadline_ms);
             }
         }
         Ok(())
@@ -750,27 +863,30 @@ impl Book {
     pub fn insert(&mut self, id: &[u8], entry: Entry) -> bool {
         let handle = match entry {
             Entry::Pending(_) => handle_of(self.store.pending.len),
-            Entry::Finished(_) => handle_of(self.store.finished.len).map(|h| h | FINISHED),
+            Entry::Finished(_) => handle_of(self.store.finished.len),
         };
-        let Some(handle) = handle else {
+        // Searches that find nothing are one comparison for an id above all (generated ids).
+        let (Some(handle), false) = (handle, self.contains(id)) else {
             return false;
         };
-        // The new handle is never compared before its slot exists: the probe carries the id.
-        let store = &self.store;
-        if !self.by_id.insert(handle, |h| id.cmp(store.any_id(h))) {
-            return false;
-        }
         let Some((bytes, meta)) = self.store.encode_id(id) else {
-            let store = &self.store;
-            self.by_id.remove(|h| id.cmp(store.any_id(h)));
             return false;
         };
+        // The slot exists before its handle is indexed (the indexes compare through slots).
         match entry {
             Entry::Pending(r) => {
                 add_pending(&mut self.store, &mut self.by_deadline, bytes, meta, r);
+                let store = &self.store;
+                self.pending_ids
+                    .insert(handle, |h| id.cmp(store.pending_id(h)));
+                self.soonest.deadline = earlier(self.soonest.deadline, r.deadline_ms);
             }
             Entry::Finished(f) => {
                 add_finished(&mut self.store, &mut self.by_finish, bytes, meta, f);
+                let store = &self.store;
+                self.finished_ids
+                    .insert(handle, |h| id.cmp(store.finished_id(h)));
+                self.soonest.finish = earlier(self.soonest.finish, f.finished_ms);
             }
         }
         true
@@ -779,21 +895,32 @@ impl Book {
     /// Removes an id, returning its entry.
     pub fn remove(&mut self, id: &[u8]) -> Option<Entry> {
         let store = &self.store;
-        let tagged = self.by_id.remove(|h| id.cmp(store.any_id(h)))?;
-        let entry = store.entry(tagged);
-        let Book {
-            store,
-            by_id,
-            by_deadline,
-            by_finish,
-        } = self;
-        if tagged & FINISHED == 0 {
-            if let Some(slot) = take_pending(store, by_deadline, by_id, tagged) {
-                store.release_id(&slot.id, slot.meta);
+        if let Some(h) = self.pending_ids.remove(|h| id.cmp(store.pending_id(h))) {
+            let entry = store
+                .pending_slot(h)
+                .map(|s| Entry::Pending(s.reservation()));
+            if let Some(slot) = take_pending(
+                &mut self.store,
+                &mut self.by_deadline,
+                &mut self.pending_ids,
+                h,
+            ) {
+                self.store.release_id(&slot.id, slot.meta);
             }
-        } else if let Some(slot) = take_finished(store, by_finish, by_id, tagged & !FINISHED) {
-            store.release_id(&slot.id, slot.meta);
+            self.soonest.deadline = self.indexed_first_deadline();
+            return entry;
         }
+        let h = self.finished_ids.remove(|h| id.cmp(store.finished_id(h)))?;
+        let entry = store.finished_slot(h).map(|s| Entry::Finished(s.entry()));
+        if let Some(slot) = take_finished(
+            &mut self.store,
+            &mut self.by_finish,
+            &mut self.finished_ids,
+            h,
+        ) {
+            self.store.release_id(&slot.id, slot.meta);
+        }
+        self.soonest.finish = self.indexed_first_finish();
         entry
     }
 
@@ -803,7 +930,12 @@ impl Book {
         self.store.pending.allocations(&mut f);
         self.store.finished.allocations(&mut f);
         self.store.longs.allocations(&mut f);
-        for tree in [&self.by_id, &self.by_deadline, &self.by_finish] {
+        for tree in [
+            &self.pending_ids,
+            &self.finished_ids,
+            &self.by_deadline,
+            &self.by_finish,
+        ] {
             tree.allocations(&mut f);
         }
     }
@@ -820,17 +952,30 @@ impl Book {
     /// Checks the indexes against the slabs; for tests.
     pub fn check(&self) -> Result<(), &'static str> {
         let store = &self.store;
-        self.by_id
-            .check(|a, b| store.any_id(a).cmp(store.any_id(b)))?;
+        self.pending_ids
+            .check(|a, b| store.pending_id(a).cmp(store.pending_id(b)))?;
+        self.finished_ids
+            .check(|a, b| store.finished_id(a).cmp(store.finished_id(b)))?;
+        // Each id in one index only: the merged order is strict.
+        let ids: Vec<&[u8]> = self.entries().map(|(id, _)| id).collect();
+        if ids.windows(2).any(|w| matches!(w, [a, b] if a >= b)) {
+            return Err("an id is both pending and finished");
+        }
         self.by_deadline
             .check(|a, b| store.pending_key(a).cmp(&store.pending_key(b)))?;
         self.by_finish
             .check(|a, b| store.finished_key(a).cmp(&store.finished_key(b)))?;
         if self.by_deadline.len() != store.pending.len
             || self.by_finish.len() != store.finished.len
-            || self.by_id.len() != store.pending.len.saturating_add(store.finished.len)
+            || self.pending_ids.len() != store.pending.len
+            || self.finished_ids.len() != store.finished.len
         {
             return Err("index and slab sizes differ");
+        }
+        if self.soonest.deadline != self.indexed_first_deadline()
+            || self.soonest.finish != self.indexed_first_finish()
+        {
+            return Err("cached soonest times differ from the indexes");
         }
         Ok(())
     }
@@ -839,7 +984,9 @@ impl Book {
 /// Equal when they hold the same entries (however the slabs are laid out).
 impl PartialEq for Book {
     fn eq(&self, other: &Self) -> bool {
-        self.by_id.len() == other.by_id.len() && self.entries().eq(other.entries())
+        self.pending_ids.len() == other.pending_ids.len()
+            && self.finished_ids.len() == other.finished_ids.len()
+            && self.entries().eq(other.entries())
     }
 }
 
@@ -953,6 +1100,7 @@ mod tests {
             model.by_deadline().first().map(|x| x.0)
         );
         assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
+        assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
         for (id, e) in &model.entries {
             assert_eq!(book.get(id), Some(*e));
         }
@@ -998,8 +1146,9 @@ mod tests {
                         prop_assert_eq!(book.remove(&id), model.entries.remove(&id));
                     }
                 }
+                // Every intermediate state: the cached soonest times and the split id indexes.
+                same(&book, &model);
             }
-            same(&book, &model);
             for after in -6..6 {
                 let got: Vec<Vec<u8>> = book.live_after(after).map(|(i, _)| i.to_vec()).collect();
                 let want: Vec<Vec<u8>> = model

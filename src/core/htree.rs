@@ -206,6 +206,10 @@ impl HTree {
     /// The handle whose key `probe` matches.
     pub fn find(&self, probe: impl Fn(u32) -> Ordering) -> Option<u32> {
         let mut node = self.root.as_ref()?;
+        // A key above the last (a new generated id) is absent: one comparison.
+        if last_of(node).is_some_and(|last| probe(last) == Ordering::Greater) {
+            return None;
+        }
         loop {
             match node {
                 Node::Leaf(items) => {
