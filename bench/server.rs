@@ -31,8 +31,9 @@ pub fn module_path() -> Result<PathBuf> {
 pub fn floor_module_path() -> Option<PathBuf> {
     let path = match std::env::var_os("QUOTA_FLOOR_MODULE") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("target/release/examples/libapifloor.so"),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/examples/libapifloor.so")
+        }
     };
     std::fs::canonicalize(path).ok()
 }
