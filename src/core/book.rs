@@ -28,7 +28,7 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-use crate::core::htree::HTree;
+use crate::core::htree::{Found, HTree};
 
 /// A reservation or charge id: 1..=max-id-length arbitrary bytes.
 pub type Id = smallvec::SmallVec<[u8; 24]>;
@@ -635,16 +635,15 @@ impl Book {
         store.finished_slot(h).map(|s| Entry::Finished(s.entry()))
     }
 
-    /// Is `id` known (pending or remembered)?
+    /// Is `id` known (pending or remembered)? An id above all (generated) is answered with
+    /// one comparison per index.
     fn contains(&self, id: &[u8]) -> bool {
         let store = &self.store;
-        self.pending_ids
-            .find(|h| id.cmp(store.pending_id(h)))
-            .is_some()
-            || self
-                .finished_ids
-                .find(|h| id.cmp(store.finished_id(h)))
-                .is_some()
+        let in_pending = |h| id.cmp(store.pending_id(h));
+        let in_finished = |h| id.cmp(store.finished_id(h));
+        (!self.pending_ids.is_above_last(in_pending) && self.pending_ids.find(in_pending).is_some())
+            || (!self.finished_ids.is_above_last(in_finished)
+                && self.finished_ids.find(in_finished).is_some())
     }
 
     /// The greatest id (byte order) pending or remembered.
@@ -772,53 +771,79 @@ impl Book {
             by_finish,
             soonest,
         } = self;
+        // One search of the id's index decides and, when the entry changes kind, takes the id
+        // out of it. The pending ids first: fewer, and what settles and rollbacks look for.
+        let mut f = Some(f);
+        let mut made: Option<Result<(Entry, Entry), E>> = None;
+        let mut decide = |current: Option<Entry>| -> bool {
+            let (Some(current), Some(f)) = (current, f.take()) else {
+                return false;
+            };
+            let result = f(current).map(|entry| (current, entry));
+            let moves = matches!(
+                (current, &result),
+                (Entry::Pending(_), Ok((_, Entry::Finished(_))))
+                    | (Entry::Finished(_), Ok((_, Entry::Pending(_))))
+            );
+            made = Some(result);
+            moves
+        };
         let st = &*store;
-        // (is pending, handle): the pending ids first (fewer, and what settles look for).
-        let (is_pending, old) = match pending_ids.find(|h| id.cmp(st.pending_id(h))) {
-            Some(h) => (true, h),
-            None => match finished_ids.find(|h| id.cmp(st.finished_id(h))) {
-                Some(h) => (false, h),
-                None => return Err(missing),
-            },
+        let (is_pending, found) = match pending_ids.remove_if(
+            |h| id.cmp(st.pending_id(h)),
+            |h| decide(st.pending_slot(h).map(|s| Entry::Pending(s.reservation()))),
+        ) {
+            Found::Absent => (
+                false,
+                finished_ids.remove_if(
+                    |h| id.cmp(st.finished_id(h)),
+                    |h| decide(st.finished_slot(h).map(|s| Entry::Finished(s.entry()))),
+                ),
+            ),
+            other => (true, other),
         };
-        let current = if is_pending {
-            st.pending_slot(old)
-                .map(|s| Entry::Pending(s.reservation()))
-        } else {
-            st.finished_slot(old).map(|s| Entry::Finished(s.entry()))
+        let (old, moved_out) = match found {
+            Found::Removed(h) => (h, true),
+            Found::Kept(h) => (h, false),
+            Found::Absent => return Err(missing),
         };
-        let Some(current) = current else {
-            return Err(missing);
+        let (current, entry) = match made {
+            Some(Ok(pair)) => pair,
+            Some(Err(e)) => return Err(e),
+            None => return Err(missing),
         };
-        let entry = f(current)?;
         match (is_pending, entry) {
             (true, Entry::Pending(r)) => update_pending(store, by_deadline, old, r),
             (false, Entry::Finished(f)) => update_finished(store, by_finish, old, f),
-            (true, Entry::Finished(f)) => {
+            (true, Entry::Finished(f)) if moved_out => {
                 // The new slot exists before anything compares its handle.
                 let Some(&s) = store.pending_slot(old) else {
                     return Err(missing);
                 };
                 let Some(h) = add_finished(store, by_finish, s.id, s.meta, f) else {
+                    // Out of handles (2^31 entries): put the id back, nothing changed.
+                    let st = &*store;
+                    pending_ids.insert(old, |x| id.cmp(st.pending_id(x)));
                     return Err(missing);
                 };
                 let st = &*store;
-                pending_ids.remove(|x| id.cmp(st.pending_id(x)));
                 finished_ids.insert(h, |x| id.cmp(st.finished_id(x)));
                 take_pending(store, by_deadline, pending_ids, old);
             }
-            (false, Entry::Pending(r)) => {
+            (false, Entry::Pending(r)) if moved_out => {
                 let Some(&s) = store.finished_slot(old) else {
                     return Err(missing);
                 };
                 let Some(h) = add_pending(store, by_deadline, s.id, s.meta, r) else {
+                    let st = &*store;
+                    finished_ids.insert(old, |x| id.cmp(st.finished_id(x)));
                     return Err(missing);
                 };
                 let st = &*store;
-                finished_ids.remove(|x| id.cmp(st.finished_id(x)));
                 pending_ids.insert(h, |x| id.cmp(st.pending_id(x)));
                 take_finished(store, by_finish, finished_ids, old);
             }
+            _ => return Err(missing),
         }
         // Only a change at the front of a time index moves what is cached: a settle of a
         // recent reservation (the usual case) leaves the soonest deadline where it was.
@@ -865,7 +890,6 @@ impl Book {
             Entry::Pending(_) => handle_of(self.store.pending.len),
             Entry::Finished(_) => handle_of(self.store.finished.len),
         };
-        // Searches that find nothing are one comparison for an id above all (generated ids).
         let (Some(handle), false) = (handle, self.contains(id)) else {
             return false;
         };

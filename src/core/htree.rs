@@ -206,10 +206,6 @@ impl HTree {
     /// The handle whose key `probe` matches.
     pub fn find(&self, probe: impl Fn(u32) -> Ordering) -> Option<u32> {
         let mut node = self.root.as_ref()?;
-        // A key above the last (a new generated id) is absent: one comparison.
-        if last_of(node).is_some_and(|last| probe(last) == Ordering::Greater) {
-            return None;
-        }
         loop {
             match node {
                 Node::Leaf(items) => {
@@ -223,6 +219,13 @@ impl HTree {
                 },
             }
         }
+    }
+
+    /// Is `probe`'s key above every key (or the tree empty)? One comparison, with the last:
+    /// how a new generated id is known to be absent without a search.
+    pub fn is_above_last(&self, probe: impl Fn(u32) -> Ordering) -> bool {
+        self.last()
+            .is_none_or(|last| probe(last) == Ordering::Greater)
     }
 
     /// The first handle in order.
@@ -276,8 +279,34 @@ impl HTree {
 
     /// Removes the handle whose key `probe` matches and returns it.
     pub fn remove(&mut self, probe: impl Fn(u32) -> Ordering) -> Option<u32> {
-        let root = self.root.as_mut()?;
-        let removed = remove_rec(root, &probe, &mut self.counts)?;
+        match self.remove_if(probe, |_| true) {
+            Found::Removed(h) => Some(h),
+            Found::Kept(_) | Found::Absent => None,
+        }
+    }
+
+    /// Finds the handle whose key `probe` matches and removes it if `remove(handle)` says so,
+    /// in one search (the decision is taken before anything changes).
+    pub fn remove_if(
+        &mut self,
+        probe: impl Fn(u32) -> Ordering,
+        remove: impl FnOnce(u32) -> bool,
+    ) -> Found {
+        let Some(root) = self.root.as_mut() else {
+            return Found::Absent;
+        };
+        let mut remove = Some(remove);
+        let mut kept = None;
+        let mut decide = |h: u32| {
+            let yes = remove.take().is_some_and(|f| f(h));
+            if !yes {
+                kept = Some(h);
+            }
+            yes
+        };
+        let Some(removed) = remove_rec(root, &probe, &mut decide, &mut self.counts) else {
+            return kept.map_or(Found::Absent, Found::Kept);
+        };
         self.len = self.len.saturating_sub(1);
         // A root left without items gives way to its only child (or to nothing).
         if root.len() == 0 {
@@ -291,7 +320,7 @@ impl HTree {
                 }
             }
         }
-        Some(removed)
+        Found::Removed(removed)
     }
 
     /// The slot of the handle whose key `probe` matches, to read and overwrite it in one
@@ -537,18 +566,36 @@ fn split_items(items: &mut Items, pos: usize, h: u32, append: bool) -> (u32, Ite
 }
 
 /// Removes the key `probe` matches from the subtree at `node`.
+/// What [`HTree::remove_if`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    Removed(u32),
+    /// Found, and left in place.
+    Kept(u32),
+    Absent,
+}
+
+/// Removes the key `probe` matches from the subtree at `node` if `decide(handle)` agrees;
+/// nothing changes before it is asked.
 fn remove_rec(
     node: &mut Node,
     probe: &impl Fn(u32) -> Ordering,
+    decide: &mut impl FnMut(u32) -> bool,
     counts: &mut NodeCounts,
 ) -> Option<u32> {
     match node {
         Node::Leaf(items) => {
             let i = search(items.as_slice(), probe).ok()?;
+            if !decide(items.get(i)?) {
+                return None;
+            }
             items.remove(i)
         }
         Node::Inner(inner) => match search(inner.items.as_slice(), probe) {
             Ok(i) => {
+                if !decide(inner.items.get(i)?) {
+                    return None;
+                }
                 // Replaced by its predecessor, the largest key of the child before it.
                 let pred = remove_max(inner.children.get_mut(i)?, counts)?;
                 let removed = inner.items.set(i, pred);
@@ -556,7 +603,7 @@ fn remove_rec(
                 removed
             }
             Err(i) => {
-                let removed = remove_rec(inner.children.get_mut(i)?, probe, counts)?;
+                let removed = remove_rec(inner.children.get_mut(i)?, probe, decide, counts)?;
                 fix_child(inner, i, counts);
                 Some(removed)
             }
@@ -796,6 +843,17 @@ mod tests {
             }
             let k = *self.set.iter().nth(n % self.set.len()).unwrap();
             let keys = &self.keys;
+            // A declined removal finds the handle and changes nothing.
+            let mut asked = None;
+            let kept = self.tree.remove_if(
+                |x| k.cmp(&(keys[x as usize], x)),
+                |h| {
+                    asked = Some(h);
+                    false
+                },
+            );
+            assert_eq!((kept, asked), (Found::Kept(k.1), Some(k.1)));
+            assert_eq!(self.tree.len(), self.set.len());
             assert_eq!(
                 self.tree.remove(|x| k.cmp(&(keys[x as usize], x))),
                 Some(k.1)
