@@ -93,8 +93,19 @@ fn machine(cfg: &Config, r: &Results) -> String {
     let nproc = sh("nproc", &[]).unwrap_or_else(|| "?".into());
     let date = sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "?".into());
     let commit = sh("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
-    let dirty = sh("git", &["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|s| !s.is_empty());
+    // The report itself (docs/) does not change the build.
+    let dirty = sh(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!docs",
+        ],
+    )
+    .is_some_and(|s| !s.is_empty());
     format!(
         "- Machine: {nproc} CPUs (`nproc`), {cpu}, {mem}; shared with other work, clients and \
          server on the same host.\n\
