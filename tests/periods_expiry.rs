@@ -644,3 +644,26 @@ fn sweeper_follows_swapdb_and_flushall() {
         (0, 0)
     );
 }
+
+/// A key the sweeper is done with (its reservation released, its finished id forgotten) leaves
+/// the index, and `quota_sweeper_indexed_keys` says so without waiting for another write.
+#[test]
+fn sweeper_indexed_keys_gauge_follows_the_sweeper() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["CONFIG", "SET", "quota.finished-ttl", "200"]);
+    ok(&mut c, &["QUOTA.SET", "g", "LIMIT", "10"]);
+    ok(&mut c, &["QUOTA.RESERVE", "g", "1", "TTL", "100"]);
+    assert_eq!(quota_info_section(&mut c)["quota_sweeper_indexed_keys"], 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let i = quota_info_section(&mut c);
+        if (i["quota_pending_reservations"], i["quota_remembered_ids"]) == (0, 0) {
+            // The last sweep of the key leaves nothing to index.
+            assert_eq!(i["quota_sweeper_indexed_keys"], 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "never swept: {i:?}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}

@@ -83,10 +83,7 @@ pub fn track(db: i32, key: &[u8], due: Option<i64>) {
         ix.by_due.insert((due, db, key.to_vec()));
         ix.keys = ix.keys.saturating_add(1);
     }
-    stats::set(
-        &stats::SWEEP_INDEXED_KEYS,
-        i64::try_from(ix.keys).unwrap_or(i64::MAX),
-    );
+    publish_indexed_keys(ix.keys);
 }
 
 /// Indexes a budget after a change.
@@ -109,9 +106,19 @@ fn pop_due(now: i64) -> Option<(i64, i32, Vec<u8>)> {
     if let Some(m) = ix.by_key.get_mut(&first.1) {
         if m.remove(&first.2).is_some() {
             ix.keys = ix.keys.saturating_sub(1);
+            // The gauge follows every change of the count (a swept key that is done leaves it).
+            publish_indexed_keys(ix.keys);
         }
     }
     Some(first)
+}
+
+/// `quota_sweeper_indexed_keys` in INFO.
+fn publish_indexed_keys(keys: usize) {
+    stats::set(
+        &stats::SWEEP_INDEXED_KEYS,
+        i64::try_from(keys).unwrap_or(i64::MAX),
+    );
 }
 
 /// The database a command runs in.
@@ -338,10 +345,7 @@ unsafe extern "C" fn on_flush(
         .values()
         .map(HashMap::len)
         .fold(0usize, usize::saturating_add);
-    stats::set(
-        &stats::SWEEP_INDEXED_KEYS,
-        i64::try_from(ix.keys).unwrap_or(i64::MAX),
-    );
+    publish_indexed_keys(ix.keys);
 }
 
 /// SWAPDB a b: the two databases' entries change places.
