@@ -1980,6 +1980,25 @@ fn regression_max_stream_id_poisons_generation() {
     assert!(matches!(r, Reply::Granted(_)), "{r:?}");
 }
 
+/// A client id at the current ms with the largest sequence (`<now>-18446744073709551615`) does
+/// not block id generation: the next generated id moves to the next ms, as XADD does (it used
+/// to fail with an overflow error until the clock moved on; found by a break-test helper).
+#[test]
+fn regression_max_sequence_at_now_moves_to_next_ms() {
+    let p = policy(10);
+    let mut b = Budget::new(settings(1000, 0, 10), T0);
+    let planted = format!("{T0}-{}", u64::MAX);
+    exec(&mut b, T0, &p, &reserve(1, &planted));
+    let cmd = Cmd::Reserve {
+        amount: 1,
+        id: None,
+        ttl: None,
+    };
+    let (r, _) = exec(&mut b, T0, &p, &cmd);
+    let want = format!("{}-0", T0 + 1).into_bytes();
+    assert!(matches!(&r, Reply::Granted(id) if *id == want), "{r:?}");
+}
+
 /// KNOWN ISSUE (reported): at `now == i64::MAX`, `Budget::pending` (through
 /// `Book::live_after(now)`, whose `now + 1` saturates) lists a reservation whose deadline is
 /// exactly i64::MAX although it has expired (`now >= deadline`): view and id_state agree it is

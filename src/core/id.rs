@@ -15,16 +15,21 @@ impl StreamId {
     pub const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
 
     /// The next id at `now_ms`: `(now, 0)` if the clock moved past the last id, else
-    /// `(last.ms, last.seq + 1)`. `None` only if the sequence would overflow.
+    /// `(last.ms, last.seq + 1)`, or `(last.ms + 1, 0)` when the sequence is exhausted (as
+    /// Redis Streams' XADD does; a client id `<ms>-18446744073709551615` must not block id
+    /// generation). `None` only at `u64::MAX-u64::MAX`.
     pub fn next(&self, now_ms: i64) -> Option<StreamId> {
         let now = u64::try_from(now_ms).unwrap_or(0);
         if now > self.ms {
             Some(StreamId { ms: now, seq: 0 })
         } else {
-            Some(StreamId {
-                ms: self.ms,
-                seq: self.seq.checked_add(1)?,
-            })
+            match self.seq.checked_add(1) {
+                Some(seq) => Some(StreamId { ms: self.ms, seq }),
+                None => Some(StreamId {
+                    ms: self.ms.checked_add(1)?,
+                    seq: 0,
+                }),
+            }
         }
     }
 
@@ -85,9 +90,18 @@ mod tests {
         // Clock behind the last id: keep counting from the last id.
         assert_eq!(b.next(10).unwrap(), StreamId { ms: 1000, seq: 2 });
         assert_eq!(b.next(2000).unwrap(), StreamId { ms: 2000, seq: 0 });
+        // An exhausted sequence moves to the next ms (as XADD does).
         assert_eq!(
             StreamId {
                 ms: 5,
+                seq: u64::MAX
+            }
+            .next(5),
+            Some(StreamId { ms: 6, seq: 0 })
+        );
+        assert_eq!(
+            StreamId {
+                ms: u64::MAX,
                 seq: u64::MAX
             }
             .next(5),
