@@ -25,7 +25,8 @@
 //! and the same on every server, whatever history built the slabs. Every operation is O(log n)
 //! in the key's entries.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
 use std::fmt;
 
 use crate::core::htree::{Found, HTree};
@@ -290,10 +291,18 @@ impl<T: Copy, const CHUNK: usize> Slab<T, CHUNK> {
 }
 
 /// Ids longer than [`INLINE`] bytes, one allocation each, at stable indexes.
+///
+/// A new id takes the lowest free index, so live ids gather at the front and the table gives
+/// back its tail as soon as the ids there are gone: it follows the number of long ids the key
+/// holds, not its peak (a table that only reused the last freed slot kept its peak size while
+/// any long id stayed; found by a break-test helper).
 #[derive(Clone, Debug, Default)]
 struct LongIds {
     slots: Vec<Option<Box<[u8]>>>,
-    free: Vec<u32>,
+    /// Free indexes, lowest first. May hold indexes at or past `slots.len()` after the tail was
+    /// given back: skipped when popped, dropped when they outnumber the real ones.
+    free: BinaryHeap<Reverse<u32>>,
+    live: usize,
 }
 
 impl LongIds {
@@ -307,27 +316,51 @@ impl LongIds {
 
     fn add(&mut self, id: &[u8]) -> Option<u32> {
         let boxed: Box<[u8]> = id.into();
-        if let Some(i) = self.free.pop() {
-            if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.slots.get_mut(i)) {
+        while let Some(Reverse(i)) = self.free.pop() {
+            if let Some(slot @ None) = usize::try_from(i).ok().and_then(|i| self.slots.get_mut(i)) {
                 *slot = Some(boxed);
+                self.live = self.live.saturating_add(1);
                 return Some(i);
             }
         }
         let i = u32::try_from(self.slots.len()).ok()?;
         self.slots.push(Some(boxed));
+        self.live = self.live.saturating_add(1);
         Some(i)
     }
 
     fn remove(&mut self, i: u32) {
-        if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.slots.get_mut(i)) {
-            if slot.take().is_some() {
-                self.free.push(i);
-            }
+        let Some(slot) = usize::try_from(i).ok().and_then(|i| self.slots.get_mut(i)) else {
+            return;
+        };
+        if slot.take().is_none() {
+            return;
         }
-        // Shrink once everything is free (the common end of a burst of long ids).
-        if self.free.len() == self.slots.len() {
-            self.slots = Vec::new();
-            self.free = Vec::new();
+        self.live = self.live.saturating_sub(1);
+        if self.live == 0 {
+            *self = LongIds::default();
+            return;
+        }
+        self.free.push(Reverse(i));
+        // Give back the free tail (amortized O(1): each slot is popped once per push).
+        while matches!(self.slots.last(), Some(None)) {
+            self.slots.pop();
+        }
+        let len = self.slots.len();
+        let holes = len.saturating_sub(self.live);
+        if self.free.len() > holes.saturating_mul(2).saturating_add(16) {
+            // Mostly stale entries past the tail: keep the real holes only.
+            let free = std::mem::take(&mut self.free);
+            let mut kept: BinaryHeap<Reverse<u32>> = free
+                .into_iter()
+                .filter(|Reverse(h)| usize::try_from(*h).is_ok_and(|h| h < len))
+                .collect();
+            // The collect reuses the old buffer: give it back.
+            kept.shrink_to_fit();
+            self.free = kept;
+        }
+        if self.slots.capacity() > len.saturating_mul(2).saturating_add(8) {
+            self.slots.shrink_to(len.saturating_add(len / 2));
         }
     }
 
@@ -341,7 +374,12 @@ impl LongIds {
             );
         }
         if self.free.capacity() > 0 {
-            f(self.free.capacity().saturating_mul(4), 1);
+            f(
+                self.free
+                    .capacity()
+                    .saturating_mul(std::mem::size_of::<Reverse<u32>>()),
+                1,
+            );
         }
         for id in self.slots.iter().flatten() {
             f(id.len(), 1);
@@ -1192,6 +1230,45 @@ mod tests {
             same(&book, &model);
             prop_assert_eq!(book.heap_bytes(), 0);
         }
+    }
+
+    #[test]
+    fn long_id_table_gives_back_its_tail() {
+        let long = |i: i64| format!("a-long-client-id-{i:024}").into_bytes();
+        let mut book = Book::default();
+        book.insert(&long(-1), pending(1, 0, 100));
+        let one = book.heap_bytes();
+        for i in 0..20_000 {
+            assert!(book.insert(&long(i), pending(1, 0, 100)));
+        }
+        // Removed in any order: the table shrinks back once the tail is free.
+        for i in (0..20_000).rev().step_by(2).chain((0..20_000).step_by(2)) {
+            assert!(book.remove(&long(i)).is_some());
+        }
+        book.check().unwrap();
+        assert_eq!(book.pending_len(), 1);
+        // One id left: its bytes, a slab chunk (kept by the slab), small trees; the table of
+        // 20 000 long ids (16 B a slot, 4 B a free index) is gone.
+        assert!(
+            book.heap_bytes() < 8 * 1024,
+            "{} vs {one}",
+            book.heap_bytes()
+        );
+        // Holes are reused lowest first, so a key with steady churn stays at its live size.
+        for round in 0..50 {
+            for i in 0..100 {
+                book.insert(&long(round * 1000 + i), pending(1, 0, 100));
+            }
+            for i in 0..100 {
+                book.remove(&long(round * 1000 + i));
+            }
+        }
+        assert!(
+            book.heap_bytes() < 8 * 1024,
+            "{} vs {one}",
+            book.heap_bytes()
+        );
+        book.check().unwrap();
     }
 
     #[test]
