@@ -121,6 +121,63 @@ fn subscribe_keyspace_events(ctx: &Context) -> bool {
     status == raw::Status::Ok as c_int
 }
 
+borrowed_args_command!(cmd_reserve, quota_reserve);
+borrowed_args_command!(cmd_settle, quota_settle);
+borrowed_args_command!(cmd_rollback, quota_rollback);
+borrowed_args_command!(cmd_extend, quota_extend);
+borrowed_args_command!(cmd_charge, quota_charge);
+borrowed_args_command!(cmd_window, quota_window);
+
+/// The write commands on every request's path, with the flags, key positions and (Redis 7.2+)
+/// ACL categories the other commands get from the `redis_module!` list below.
+const HOT_COMMANDS: [shell::command::Spec; 6] = {
+    use shell::command::Spec;
+    [
+        Spec {
+            name: c"QUOTA.RESERVE",
+            func: Some(cmd_reserve),
+            flags: c"write deny-oom fast",
+            keys: (1, 1, 1),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.SETTLE",
+            func: Some(cmd_settle),
+            flags: c"write fast",
+            keys: (1, 1, 1),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.ROLLBACK",
+            func: Some(cmd_rollback),
+            flags: c"write fast",
+            keys: (1, 1, 1),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.EXTEND",
+            func: Some(cmd_extend),
+            flags: c"write fast",
+            keys: (1, 1, 1),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.CHARGE",
+            func: Some(cmd_charge),
+            flags: c"write deny-oom fast",
+            keys: (1, 1, 1),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.WINDOW",
+            func: Some(cmd_window),
+            flags: c"write deny-oom fast",
+            keys: (1, 1, 1),
+            acl: c"write fast",
+        },
+    ]
+};
+
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // First, before anything that a failed load could leave behind (a keyspace subscription or a
     // timer calling into the unloaded library would crash Redis later).
@@ -137,6 +194,12 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         redis_module::ModuleOptions::HANDLE_IO_ERRORS
             | redis_module::ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED,
     );
+    for spec in &HOT_COMMANDS {
+        if let Err(e) = shell::command::register(ctx, spec) {
+            ctx.log_warning(&format!("quota: not loaded: {e}"));
+            return Status::Err;
+        }
+    }
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
     // Server-event subscriptions go with the module if the load fails; keyspace ones do not,
@@ -166,15 +229,9 @@ redis_module! {
     commands: [
         ["QUOTA.SET", quota_set, "write deny-oom", 1, 1, 1, "", "write slow"],
         ["QUOTA.INFO", quota_info, "readonly fast", 1, 1, 1, "", "read fast"],
-        ["QUOTA.RESERVE", quota_reserve, "write deny-oom fast", 1, 1, 1, "", "write fast"],
-        ["QUOTA.SETTLE", quota_settle, "write fast", 1, 1, 1, "", "write fast"],
-        ["QUOTA.ROLLBACK", quota_rollback, "write fast", 1, 1, 1, "", "write fast"],
-        ["QUOTA.EXTEND", quota_extend, "write fast", 1, 1, 1, "", "write fast"],
-        ["QUOTA.CHARGE", quota_charge, "write deny-oom fast", 1, 1, 1, "", "write fast"],
         ["QUOTA.PENDING", quota_pending, "readonly", 1, 1, 1, "", "read slow"],
         ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, "", "write admin dangerous"],
         ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, "", "write admin dangerous"],
-        ["QUOTA.WINDOW", quota_window, "write deny-oom fast", 1, 1, 1, "", "write fast"],
         ["QUOTA.WAPPLY", quota_wapply, "write", 1, 1, 1, "", "write admin dangerous"],
     ],
     // Keyspace events are subscribed in `init`, after the arguments are checked: a subscription

@@ -357,8 +357,8 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// `QUOTA.RESERVE key amount [ID id] [TTL ms] [AT ms]`
 /// → `[granted, id|nil, available, retry_after_ms]`.
-pub fn quota_reserve(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let mut a = Args::new(&args, 2)?;
+pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let mut a = Args::new(args, 2)?;
     let key_name = a.next_string()?;
     let amount = a.next_amount("amount")?;
     let (mut id, mut ttl, mut at) = (None, None, None);
@@ -444,8 +444,8 @@ fn key_id_tail<'a>(a: &mut Args<'a>, extra: usize) -> Result<KeyIdArgs<'a>, Redi
 }
 
 /// `QUOTA.SETTLE key id actual [AT ms]` → `[status, charged, available]`.
-pub fn quota_settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let mut a = Args::new(&args, 3)?;
+pub fn quota_settle(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let mut a = Args::new(args, 3)?;
     let KeyIdArgs {
         key: key_name,
         id,
@@ -482,8 +482,8 @@ pub fn quota_settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// `QUOTA.ROLLBACK key id [AT ms]` → `[status, released, available]`.
-pub fn quota_rollback(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let mut a = Args::new(&args, 2)?;
+pub fn quota_rollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let mut a = Args::new(args, 2)?;
     let KeyIdArgs {
         key: key_name,
         id,
@@ -513,8 +513,8 @@ pub fn quota_rollback(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// `QUOTA.EXTEND key id ttl_ms [AT ms]` → ttl_ms.
-pub fn quota_extend(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let mut a = Args::new(&args, 3)?;
+pub fn quota_extend(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let mut a = Args::new(args, 3)?;
     let KeyIdArgs {
         key: key_name,
         id,
@@ -533,8 +533,8 @@ pub fn quota_extend(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// `QUOTA.CHARGE key amount [ID id] [FORCE] [AT ms]` → `[charged, available, retry_after_ms]`.
-pub fn quota_charge(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let mut a = Args::new(&args, 2)?;
+pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let mut a = Args::new(args, 2)?;
     let key_name = a.next_string()?;
     let amount = a.next_amount("amount")?;
     let (mut id, mut force, mut at) = (None, false, None);

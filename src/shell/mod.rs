@@ -7,6 +7,7 @@ pub mod args;
 pub mod budget_cmds;
 pub mod budget_type;
 pub mod clock;
+pub mod command;
 pub mod config;
 pub mod effects;
 pub mod events;

@@ -84,8 +84,8 @@ fn reply(ctx: &Context, d: &WindowDecision) -> RedisResult {
 
 /// `QUOTA.WINDOW key limit window_ms [COST n] [PRECISION ms] [PEEK] [AT ms]`
 /// → `[allowed (1|0), remaining, retry_after_ms, reset_after_ms]`.
-pub fn quota_window(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let req = parse(&args)?;
+pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    let req = parse(args)?;
     let now = clock::command_ms(req.at)?;
     // One writable open: a call that records nothing (PEEK, a denial, an error) declares the
     // key unchanged, so WATCH and client tracking see nothing.
