@@ -2,7 +2,8 @@
 //! `make bench` so that the table can say what a write costs before any ledger work.
 //!
 //! `FLOOR.WRITE key` makes exactly the Redis module API calls a granted `QUOTA.RESERVE` makes,
-//! through the same `redis-module` command wrapper, and nothing else: it opens `key` writable
+//! registered the same way (a C command function that borrows argv, as
+//! `src/shell/command.rs` does for the write commands), and nothing else: it opens `key` writable
 //! (and closes it, which signals it), replicates one packed string the size of a RESERVE's
 //! effects with `RedisModule_Replicate` ("sb"), and replies with a four-element array shaped like
 //! a grant (`[1, id, available, 0]`). `FLOOR.NOP` exists only as the replicated command's name
@@ -13,18 +14,39 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use std::os::raw::c_char;
+use std::os::raw::{c_char, c_int};
 
-use redis_module::{raw, redis_module, Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{
+    raw, redis_module, Context, RedisError, RedisResult, RedisString, RedisValue, Status,
+};
 
 /// What a RESERVE replicates: `<at> GRANT <len>:<id> <amount> <deadline>` (same length).
 const PACKED: &[u8] = b"1764485000000 GRANT 15:1764485000000-0 5 1764488600000";
 const ID: &[u8] = b"1764485000000-0";
 
-fn floor_write(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let Some(key_name) = args.get(1) else {
-        return Err(RedisError::WrongArity);
+extern "C" fn floor_write_c(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let key = if argc == 2 && !argv.is_null() {
+        // SAFETY: Redis passes `argc` live argument strings.
+        unsafe { *argv.add(1) }
+    } else {
+        std::ptr::null_mut()
     };
+    let result = if key.is_null() {
+        Err(RedisError::WrongArity)
+    } else {
+        // Borrowed, never released (Redis owns it for the call).
+        let key = std::mem::ManuallyDrop::new(RedisString::from_redis_module_string(ctx, key));
+        floor_write(&context, &key)
+    };
+    context.reply(result) as c_int
+}
+
+fn floor_write(ctx: &Context, key_name: &RedisString) -> RedisResult {
     {
         let key = ctx.open_key_writable(key_name);
         // A RESERVE checks the key's type before reading its value.
@@ -55,13 +77,35 @@ fn floor_nop(_: &Context, _: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
+fn init(ctx: &Context, _: &[RedisString]) -> Status {
+    // SAFETY: the load context is live; the strings are static and NUL-terminated.
+    let created = unsafe {
+        raw::RedisModule_CreateCommand.map(|create| {
+            create(
+                ctx.ctx,
+                c"FLOOR.WRITE".as_ptr(),
+                Some(floor_write_c),
+                c"write deny-oom fast".as_ptr(),
+                1,
+                1,
+                1,
+            )
+        })
+    };
+    if created == Some(raw::REDISMODULE_OK as c_int) {
+        Status::Ok
+    } else {
+        Status::Err
+    }
+}
+
 redis_module! {
     name: "apifloor",
     version: 1,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
+    init: init,
     commands: [
-        ["FLOOR.WRITE", floor_write, "write deny-oom fast", 1, 1, 1, ""],
         ["FLOOR.NOP", floor_nop, "write", 1, 1, 1, ""],
     ],
 }
