@@ -69,11 +69,19 @@ impl<'a> Args<'a> {
     }
 }
 
-/// Parses a decimal i64 exactly as Redis does (no spaces, no `+`, no leading zeros required).
+/// Parses a decimal i64 as Redis does (`string2ll`): optional `-`, then `0` alone or a first
+/// digit 1–9; no spaces, no `+`, no leading zeros, no `-0`. So `007` is refused as `INCRBY x 007`
+/// is, and every accepted number has one spelling.
 pub fn parse_i64(bytes: &[u8]) -> Result<i64, RedisError> {
+    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    let canonical = match digits {
+        [b'0'] => digits.len() == bytes.len(),
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
     std::str::from_utf8(bytes)
         .ok()
-        .filter(|s| !s.starts_with('+') && !s.is_empty())
+        .filter(|_| canonical)
         .and_then(|s| s.parse::<i64>().ok())
         .ok_or(RedisError::Str(NOT_AN_INTEGER))
 }
@@ -97,4 +105,33 @@ pub fn syntax_error(token: &[u8]) -> RedisError {
         "ERR syntax error near '{}'",
         crate::core::error::printable_id(token)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_parse_as_redis_does() {
+        for (text, want) in [
+            ("0", Some(0)),
+            ("7", Some(7)),
+            ("-7", Some(-7)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("9223372036854775808", None),
+            ("007", None),
+            ("-0", None),
+            ("-007", None),
+            ("+1", None),
+            ("", None),
+            ("-", None),
+            (" 1", None),
+            ("1 ", None),
+            ("1.5", None),
+            ("1e3", None),
+        ] {
+            assert_eq!(parse_i64(text.as_bytes()).ok(), want, "{text:?}");
+        }
+    }
 }
