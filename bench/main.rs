@@ -19,7 +19,8 @@
 //! Environment: `BENCH_QUICK=1` (short run, ≤ 60 s), `BENCH_THREADS` (connections, default 4),
 //! `BENCH_SECONDS` (per workload and depth), `BENCH_REPEAT` (passes over the load workloads,
 //! each keeping its best; default 3, QUICK 1), `BENCH_ONLY=load,memory,sweeper`,
-//! `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report path, `-` for none),
+//! `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report path, `-` for none;
+//! default docs/benchmarks.md, none for QUICK),
 //! `QUOTA_MODULE` (module path, default `target/release/libredis_quota.so`),
 //! `QUOTA_FLOOR_MODULE` (the API-floor module of bench/floor.rs, default
 //! `target/release/examples/libapifloor.so`; its row is left out if it is missing).
@@ -95,9 +96,11 @@ impl Config {
             .split(',')
             .map(|s| s.trim().parse::<i64>())
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // A QUICK run prints only: it must not replace the full run's figures in the doc.
         let out = match env("BENCH_OUT").as_deref() {
             Some("-") => None,
             Some(p) => Some(p.into()),
+            None if quick => None,
             None => {
                 Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md"))
             }

@@ -377,6 +377,7 @@ fn goals(cfg: &Config, r: &Results) -> String {
         "≤ 1024 B",
         &|v| v <= 1024.0,
     );
+    let mut quick_rows = Vec::new();
     for w in &r.sweeper {
         let label = format!(
             "sweeper lag, {} pending, {} expiring over {} s (sweep-effort {}){}",
@@ -386,6 +387,14 @@ fn goals(cfg: &Config, r: &Results) -> String {
             w.effort,
             if cfg.quick { " — QUICK size" } else { "" }
         );
+        if cfg.quick {
+            // Not the goal's size: say so instead of met / not met.
+            quick_rows.push(format!(
+                "| {label} | {} ms | ≤ 1000 ms at 1 M | indicative only (QUICK size) |",
+                w.max_lag_ms
+            ));
+            continue;
+        }
         row(
             &label,
             Some(w.max_lag_ms as f64),
@@ -393,6 +402,9 @@ fn goals(cfg: &Config, r: &Results) -> String {
             "≤ 1000 ms at 1 M",
             &|v| v <= 1000.0,
         );
+    }
+    for line in quick_rows {
+        let _ = writeln!(s, "{line}");
     }
     let _ = writeln!(
         s,
