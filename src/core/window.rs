@@ -649,7 +649,36 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
     ) -> Result<WindowDecision, WindowError> {
+        self.record_inner(params, now_ms, None)
+    }
+
+    /// [`Window::record`] of a call that `checked` (this window's [`Window::check`] with the
+    /// same `params` and `now_ms`) admitted: the same state and the same decision, which is
+    /// worked out from `checked` instead of a second pass over the buckets when the precision
+    /// is unchanged and `cost > 0` (the new cost's bucket is then the newest, and nothing the
+    /// record drops was counted). The master's path; replicas use [`Window::record`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Window::record`].
+    pub fn record_admitted(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+        checked: &WindowDecision,
+    ) -> Result<WindowDecision, WindowError> {
+        self.record_inner(params, now_ms, Some(checked))
+    }
+
+    fn record_inner(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+        checked: Option<&WindowDecision>,
+    ) -> Result<WindowDecision, WindowError> {
         params.validate()?;
+        // Taken before the record changes the precision.
+        let same_precision = params.precision_ms == self.precision_ms;
         let now = self.effective_now(now_ms);
         let horizon_ms = self.next_horizon(params);
         let budget = max_len(horizon_ms, params.precision_ms);
@@ -675,6 +704,21 @@ impl Window {
         self.precision_ms = params.precision_ms;
         self.horizon_ms = horizon_ms;
         self.last_ms = now;
+        if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
+            // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
+            // bucket — the cost's — is the last to leave the window.
+            let exit = bucket_last(
+                bucket_of(i128::from(now), params.precision_ms)?,
+                params.precision_ms,
+            )
+            .saturating_add(i128::from(params.window_ms));
+            return Ok(WindowDecision {
+                allowed: true,
+                remaining: checked.remaining.saturating_sub(params.cost).max(0),
+                retry_after_ms: 0,
+                reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
+            });
+        }
         Ok(decide(self.buckets.iter(), params, now, now_ms, true))
     }
 
@@ -1012,10 +1056,26 @@ mod tests {
     }
 
     /// Check, then record if allowed: what the shell does for a counting call.
+    /// `record_admitted` (the master's path) after `checked`, asserting it leaves the same
+    /// window and gives the same decision as a plain `record`.
+    fn record_both_ways(
+        w: &mut Window,
+        p: &WindowParams,
+        now: i64,
+        checked: &WindowDecision,
+    ) -> WindowDecision {
+        let mut twin = w.clone();
+        let full = twin.record(p, now).unwrap();
+        let after = w.record_admitted(p, now, checked).unwrap();
+        assert_eq!(after, full);
+        assert_eq!(*w, twin);
+        after
+    }
+
     fn call(w: &mut Window, p: &WindowParams, now: i64) -> WindowDecision {
         let d = w.check(p, now).unwrap();
         if d.allowed {
-            let after = w.record(p, now).unwrap();
+            let after = record_both_ways(w, p, now, &d);
             w.validate().unwrap();
             after
         } else {
@@ -1637,7 +1697,7 @@ mod tests {
                         model.events.push((t, cost));
                     }
                     model.last_ms = t;
-                    let after = w.record(&p, raw).unwrap();
+                    let after = record_both_ways(&mut w, &p, raw, &got);
                     let mut want = model.decide(limit, 0, raw);
                     want.allowed = true;
                     want.retry_after_ms = 0;
@@ -1691,7 +1751,7 @@ mod tests {
                         .map(|(_, c)| c)
                         .sum();
                     prop_assert!(held + cost <= limit, "over-admitted at {}", t);
-                    w.record(&p, raw).unwrap();
+                    record_both_ways(w, &p, raw, &d);
                     log.push((t, cost));
                     forget = forget.max(t - w.horizon_ms());
                     prop_assert!(w.validate().is_ok());

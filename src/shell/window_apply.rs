@@ -18,7 +18,7 @@ use crate::shell::apply_cmds::{from_replication_or_loading, internal_only};
 use crate::shell::args::{parse_i64, Args};
 use crate::shell::effects;
 use crate::shell::key::ModuleKey;
-use crate::shell::window_cmds::{record_at_key, window_err, EVENT, NO_EXPIRY, WAPPLY};
+use crate::shell::window_cmds::{record_at_key, window_err, Record, EVENT, NO_EXPIRY, WAPPLY};
 
 /// `QUOTA.WAPPLY key <packed>` (the five integers in one [`crate::shell::effects::Packed`]
 /// string) or `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` → OK.
@@ -50,7 +50,7 @@ pub fn quota_wapply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let params =
         WindowParams::parse(0, window_ms, Some(cost), Some(precision_ms)).map_err(window_err)?;
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
-    record_at_key(&mut key, &params, at_ms, Some(expire_at))?;
+    record_at_key(&mut key, &params, at_ms, Record::Replicated(expire_at))?;
     drop(key);
     ctx.notify_keyspace_event(NotifyEvent::MODULE, EVENT, key_name);
     // Feeds this server's own AOF and sub-replicas.

@@ -120,7 +120,8 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
         key.unchanged();
         return reply(ctx, &checked);
     }
-    let (decision, expire_at) = record_at_key(&mut key, &req.params, now, None)?;
+    let (decision, expire_at) =
+        record_at_key(&mut key, &req.params, now, Record::Admitted(&checked))?;
     drop(key);
     events::publish(ctx, req.key, EVENT_C);
     replicate::replicate_key_ints(
@@ -143,41 +144,58 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// window if the key is empty), then set the key's absolute expiry, or delete the key if it
 /// holds nothing.
 ///
-/// `expire_at`: `None` on the master (computed: [`Window::empty_at_ms`]); `Some` on a replica,
-/// the master's resolved value (`Some(None)`: delete), which wins so both end the same.
+/// `how`: on the master, [`Record::Admitted`] with the call's check (the expiry is computed:
+/// [`Window::empty_at_ms`]); on a replica, [`Record::Replicated`] with the master's resolved
+/// expiry (`None`: delete), which wins so both end the same.
 /// Returns the decision after recording and the expiry set (`None`: the key was deleted or not
 /// created). On error nothing was changed.
 pub(crate) fn record_at_key(
     key: &mut ModuleKey,
     params: &WindowParams,
     at_ms: i64,
-    expire_at: Option<Option<i64>>,
+    how: Record<'_>,
 ) -> Result<(WindowDecision, Option<i64>), RedisError> {
-    let recorded = record(key, params, at_ms, expire_at);
+    let recorded = record(key, params, at_ms, how);
     if recorded.is_err() {
         key.unchanged();
     }
     recorded
 }
 
+/// How a call is recorded: on the master after its check admitted it, or on a replica (AOF
+/// replay) with the expiry the master set.
+pub(crate) enum Record<'a> {
+    /// The master's check of this call, with the same params and time.
+    Admitted(&'a WindowDecision),
+    /// A replicated record: the key's expiry as the master set it (`None`: deleted).
+    Replicated(Option<i64>),
+}
+
 fn record(
     key: &mut ModuleKey,
     params: &WindowParams,
     at_ms: i64,
-    expire_at: Option<Option<i64>>,
+    how: Record<'_>,
 ) -> Result<(WindowDecision, Option<i64>), RedisError> {
+    let apply = |w: &mut Window| match how {
+        Record::Admitted(checked) => w.record_admitted(params, at_ms, checked),
+        Record::Replicated(_) => w.record(params, at_ms),
+    };
     let (decision, computed, created) = match key.value_mut::<Window>(&WINDOW_TYPE)? {
         Some(w) => {
-            let d = w.record(params, at_ms).map_err(window_err)?;
+            let d = apply(w).map_err(window_err)?;
             (d, w.empty_at_ms(), None)
         }
         None => {
             let mut w = Window::new(params, at_ms);
-            let d = w.record(params, at_ms).map_err(window_err)?;
+            let d = apply(&mut w).map_err(window_err)?;
             (d, w.empty_at_ms(), Some(w))
         }
     };
-    let expire = expire_at.unwrap_or(computed);
+    let expire = match how {
+        Record::Replicated(expire_at) => expire_at,
+        Record::Admitted(_) => computed,
+    };
     let done = match (expire, created) {
         (Some(ms), Some(w)) => {
             // Refused (nothing stored) → an error, and nothing changed.
