@@ -1063,37 +1063,13 @@ impl Budget {
                 );
             }
             Effect::Rollback { id } => {
-                let reserved = self.reserved;
-                let mut after = reserved;
-                self.book.update(
-                    id,
-                    |e| {
-                        let r = pending_of(e)?;
-                        after = sub(reserved, r.amount)?;
-                        Ok(finished(Outcome::RolledBack { amount: r.amount }, at))
-                    },
-                    NOT_PENDING,
-                )?;
-                self.reserved = after;
+                self.unreserve(id, |r| (Outcome::RolledBack { amount: r.amount }, at))?;
             }
             Effect::Release { id } => {
-                let reserved = self.reserved;
-                let mut after = reserved;
-                self.book.update(
-                    id,
-                    |e| {
-                        let r = pending_of(e)?;
-                        after = sub(reserved, r.amount)?;
-                        // Finished at the deadline: swept and unswept expiries are remembered
-                        // alike.
-                        Ok(finished(
-                            Outcome::Expired { amount: r.amount },
-                            r.deadline_ms,
-                        ))
-                    },
-                    NOT_PENDING,
-                )?;
-                self.reserved = after;
+                // Finished at the deadline: swept and unswept expiries are remembered alike.
+                self.unreserve(id, |r| {
+                    (Outcome::Expired { amount: r.amount }, r.deadline_ms)
+                })?;
             }
             Effect::Extend { id, deadline_ms } => {
                 self.book.update(
@@ -1167,6 +1143,29 @@ impl Budget {
             Some(Entry::Pending(r)) => Some(r),
             _ => None,
         }
+    }
+
+    /// Ends pending reservation `id` without spending it (rollback, expiry): its amount leaves
+    /// `reserved`, and it is remembered with the outcome and finish time `ended` gives.
+    fn unreserve(
+        &mut self,
+        id: &[u8],
+        ended: impl FnOnce(&Reservation) -> (Outcome, i64),
+    ) -> Result<(), LedgerError> {
+        let reserved = self.reserved;
+        let mut after = reserved;
+        self.book.update(
+            id,
+            |e| {
+                let r = pending_of(e)?;
+                after = sub(reserved, r.amount)?;
+                let (outcome, finished_ms) = ended(&r);
+                Ok(finished(outcome, finished_ms))
+            },
+            NOT_PENDING,
+        )?;
+        self.reserved = after;
+        Ok(())
     }
 
     fn finish(&mut self, id: &Id, outcome: Outcome, finished_ms: i64) {
