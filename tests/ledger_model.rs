@@ -2016,3 +2016,21 @@ fn regression_pending_lists_expired_at_max_time() {
     ));
     assert_eq!(b.pending(now, 10), Vec::new());
 }
+
+/// A GRANT whose deadline is not after its time is refused and changes nothing: a master never
+/// writes one (TTLs are at least 1 ms), so it can only come from a forged AOF or QUOTA.APPLY
+/// (found by a break-test helper).
+#[test]
+fn grant_with_deadline_not_after_its_time_is_refused() {
+    let mut b = Budget::new(settings(1000, 0, 10), T0);
+    let before = b.clone();
+    for deadline_ms in [T0, T0 - 1, -1] {
+        let grant = Effect::Grant {
+            id: Id::from_slice(b"zz"),
+            amount: 7,
+            deadline_ms,
+        };
+        assert!(b.apply(T0, &grant).is_err());
+        assert_eq!(b, before);
+    }
+}

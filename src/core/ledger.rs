@@ -992,6 +992,10 @@ impl Budget {
                 if *amount < 0 {
                     return Err(LedgerError::BadEffect("negative amount"));
                 }
+                // A master grants with a TTL of at least 1 ms: anything else is forged.
+                if *deadline_ms <= at {
+                    return Err(LedgerError::BadEffect("deadline not after the grant"));
+                }
                 let reserved = add(self.reserved, *amount)?;
                 add(self.used, reserved)?;
                 // The last check: refused (nothing changed) if the id is known.
