@@ -258,10 +258,16 @@ fn key_expiry_is_absolute_at_empty_time_and_moves() {
     win_at(&mut c, "k", 100, 1000, &["PRECISION", "1"], T0 + 9000);
     assert_eq!(pexpiretime(&mut c, "k"), T0 + 9000 + 4096);
 
-    // A user's PERSIST is overridden by the next counting call.
+    // A user's PERSIST lasts while counting calls land in the same newest bucket (the expiry
+    // they would set is the one already set, so they skip the write), and is overridden by the
+    // first counting call that moves the empty time.
+    win_at(&mut c, "k", 100, 1000, &["PRECISION", "1000"], T0 + 9000);
+    let due = pexpiretime(&mut c, "k");
     ok(&mut c, &["PERSIST", "k"]);
-    win_at(&mut c, "k", 100, 1000, &["PRECISION", "1"], T0 + 9001);
-    assert_eq!(pexpiretime(&mut c, "k"), T0 + 9001 + 4096);
+    win_at(&mut c, "k", 100, 1000, &["PRECISION", "1000"], T0 + 9500);
+    assert_eq!(pexpiretime(&mut c, "k"), -1);
+    win_at(&mut c, "k", 100, 1000, &["PRECISION", "1000"], T0 + 10_000);
+    assert_eq!(pexpiretime(&mut c, "k"), due + 1000);
 
     // On the wall clock the key really expires once empty.
     assert_eq!(win(&mut c, &["real", "10", "200", "PRECISION", "10"])[0], 1);

@@ -1029,6 +1029,13 @@ fn bucket_last(index: i64, precision_ms: i64) -> i128 {
 
 /// Index of the bucket holding ms `t`: `floor(t / precision_ms)`.
 fn bucket_of(t: i128, precision_ms: i64) -> Result<i64, WindowError> {
+    // Times are i64 in practice, and a 64-bit division costs a fraction of a 128-bit one
+    // (the same floor: `precision_ms > 0`, so the quotient fits).
+    if let Ok(t) = i64::try_from(t) {
+        return t
+            .checked_div_euclid(precision_ms)
+            .ok_or(WindowError::Overflow);
+    }
     let index = t
         .checked_div_euclid(i128::from(precision_ms))
         .ok_or(WindowError::Overflow)?;

@@ -73,17 +73,34 @@ impl<'a> Args<'a> {
 /// digit 1–9; no spaces, no `+`, no leading zeros, no `-0`. So `007` is refused as `INCRBY x 007`
 /// is, and every accepted number has one spelling.
 pub fn parse_i64(bytes: &[u8]) -> Result<i64, RedisError> {
-    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
-    let canonical = match digits {
-        [b'0'] => digits.len() == bytes.len(),
-        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-        _ => false,
+    parse_canonical_i64(bytes).ok_or(RedisError::Str(NOT_AN_INTEGER))
+}
+
+/// One pass over the digits (every command parses integers: no UTF-8 check, no second scan).
+/// Accumulates negatively so that `i64::MIN` parses without overflow.
+fn parse_canonical_i64(bytes: &[u8]) -> Option<i64> {
+    let (negative, digits) = match bytes.strip_prefix(b"-") {
+        Some(rest) => (true, rest),
+        None => (false, bytes),
     };
-    std::str::from_utf8(bytes)
-        .ok()
-        .filter(|_| canonical)
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or(RedisError::Str(NOT_AN_INTEGER))
+    match digits {
+        [b'0'] if !negative => return Some(0),
+        [b'1'..=b'9', ..] => {}
+        _ => return None,
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        let digit = i64::from(d.wrapping_sub(b'0'));
+        if !(0..=9).contains(&digit) {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_sub(digit)?;
+    }
+    if negative {
+        Some(n)
+    } else {
+        n.checked_neg()
+    }
 }
 
 /// An id argument: 1..=`max_len` bytes.
@@ -130,8 +147,25 @@ mod tests {
             ("1 ", None),
             ("1.5", None),
             ("1e3", None),
+            ("10", Some(10)),
+            ("-9223372036854775809", None),
+            ("99999999999999999999", None),
+            ("1-", None),
+            ("--1", None),
+            ("1/", None),
+            ("1:", None),
         ] {
             assert_eq!(parse_i64(text.as_bytes()).ok(), want, "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Accepted exactly when the text is the number's one decimal spelling.
+        #[test]
+        fn integers_have_one_spelling(n in proptest::num::i64::ANY, text in "-?[0-9]{0,21}") {
+            proptest::prop_assert_eq!(parse_canonical_i64(n.to_string().as_bytes()), Some(n));
+            let want = text.parse::<i64>().ok().filter(|v| v.to_string() == text);
+            proptest::prop_assert_eq!(parse_canonical_i64(text.as_bytes()), want);
         }
     }
 }
