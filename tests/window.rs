@@ -368,6 +368,18 @@ fn bad_arguments_are_refused_and_write_nothing() {
         (&["k", "10", "1000", "PRECISION"], "an argument is missing"),
         (&["k", "10", "1000", "AT"], "an argument is missing"),
         (&["k", "10", "1000", "AT", "-1"], "AT must not be negative"),
+        (
+            &["k", "10", "1000", "AT", "253402207201000"],
+            "AT must be at most 253402207200999",
+        ),
+        (
+            &["k", "10", "1000000000000001", "PRECISION", "1000000000000"],
+            "window_ms must be at most 1000000000000000",
+        ),
+        (
+            &["k", "10", "9223372036854775807"],
+            "window_ms must be at most",
+        ),
     ];
     for (args, want) in cases {
         let mut full = vec!["QUOTA.WINDOW"];
@@ -386,6 +398,22 @@ fn bad_arguments_are_refused_and_write_nothing() {
         1
     );
     assert_eq!(win(&mut c, &["k", "10", "60000", "PRECISION", "15"])[0], 1);
+    // The longest window and the latest AT are accepted.
+    assert_eq!(
+        win(
+            &mut c,
+            &[
+                "long",
+                "10",
+                "1000000000000000",
+                "PRECISION",
+                "1000000000000",
+                "AT",
+                "253402207200999"
+            ]
+        )[0],
+        1
+    );
 }
 
 #[test]

@@ -69,6 +69,12 @@ use std::fmt;
 /// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
 pub const MAX_BUCKETS: i64 = 4096;
 
+/// Longest window a client may ask for, ms: the cap on a reservation's TTL
+/// ([`crate::core::ledger::MAX_TTL_MS`], ~31 700 years), so that no client call makes a key
+/// that never expires. Checked where a client's call is parsed, not on replicated or loaded
+/// values (what an older version accepted keeps loading).
+pub const MAX_WINDOW_MS: i64 = crate::core::ledger::MAX_TTL_MS;
+
 /// [`MAX_BUCKETS`] as a `usize`.
 const MAX_BUCKETS_USIZE: usize = 4096;
 

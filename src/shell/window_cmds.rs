@@ -10,7 +10,7 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString};
 
-use crate::core::window::{Window, WindowDecision, WindowError, WindowParams};
+use crate::core::window::{Window, WindowDecision, WindowError, WindowParams, MAX_WINDOW_MS};
 use crate::shell::args::{syntax_error, Args};
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::{reply_array, Item};
@@ -62,6 +62,11 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
         }
     }
     let params = WindowParams::parse(limit, window_ms, cost, precision).map_err(window_err)?;
+    if window_ms > MAX_WINDOW_MS {
+        return Err(RedisError::Str(
+            "ERR window_ms must be at most 1000000000000000",
+        ));
+    }
     Ok(Request {
         key,
         params,
@@ -229,6 +234,11 @@ fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_cap_message_matches_the_constant() {
+        assert_eq!(MAX_WINDOW_MS, 1_000_000_000_000_000);
+    }
 
     #[test]
     fn c_names_match() {
