@@ -554,9 +554,18 @@ fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished
     }
 }
 
-/// The time of the first entry of a time index, through `time_of` its handle.
-fn first_key(tree: &HTree, time_of: impl Fn(u32) -> Option<i64>) -> Option<i64> {
-    tree.first().and_then(time_of)
+/// The soonest deadline, read from the deadline index (what [`Soonest`] caches).
+fn indexed_first_deadline(by_deadline: &HTree, store: &Store) -> Option<i64> {
+    store
+        .pending_slot(by_deadline.first()?)
+        .map(PendingSlot::deadline)
+}
+
+/// The earliest finish time, read from the finish index (what [`Soonest`] caches).
+fn indexed_first_finish(by_finish: &HTree, store: &Store) -> Option<i64> {
+    store
+        .finished_slot(by_finish.first()?)
+        .map(FinishedSlot::finished)
 }
 
 /// Removes handle `h` from a time index. The soonest entry (what expiry and forgetting take)
@@ -717,18 +726,6 @@ impl Book {
         self.soonest.finish
     }
 
-    /// The soonest deadline, read from the index (what [`Book::first_deadline`] caches).
-    fn indexed_first_deadline(&self) -> Option<i64> {
-        let h = self.by_deadline.first()?;
-        self.store.pending_slot(h).map(PendingSlot::deadline)
-    }
-
-    /// The earliest finish time, read from the index (what [`Book::first_finish`] caches).
-    fn indexed_first_finish(&self) -> Option<i64> {
-        let h = self.by_finish.first()?;
-        self.store.finished_slot(h).map(FinishedSlot::finished)
-    }
-
     /// Pending reservations with `deadline > after_ms`, soonest first.
     pub fn live_after(&self, after_ms: i64) -> impl Iterator<Item = (&[u8], Reservation)> + '_ {
         let store = &self.store;
@@ -885,36 +882,26 @@ impl Book {
         }
         // Only a change at the front of a time index moves what is cached: a settle of a
         // recent reservation (the usual case) leaves the soonest deadline where it was.
-        let first_deadline = |by_deadline: &HTree, store: &Store| {
-            first_key(by_deadline, |h| {
-                store.pending_slot(h).map(PendingSlot::deadline)
-            })
-        };
-        let first_finish = |by_finish: &HTree, store: &Store| {
-            first_key(by_finish, |h| {
-                store.finished_slot(h).map(FinishedSlot::finished)
-            })
-        };
         match (current, entry) {
             (Entry::Pending(a), Entry::Pending(b)) => {
                 if soonest.deadline == Some(a.deadline_ms) || b.deadline_ms < a.deadline_ms {
-                    soonest.deadline = first_deadline(by_deadline, store);
+                    soonest.deadline = indexed_first_deadline(by_deadline, store);
                 }
             }
             (Entry::Finished(a), Entry::Finished(b)) => {
                 if soonest.finish == Some(a.finished_ms) || b.finished_ms < a.finished_ms {
-                    soonest.finish = first_finish(by_finish, store);
+                    soonest.finish = indexed_first_finish(by_finish, store);
                 }
             }
             (Entry::Pending(a), Entry::Finished(b)) => {
                 if soonest.deadline == Some(a.deadline_ms) {
-                    soonest.deadline = first_deadline(by_deadline, store);
+                    soonest.deadline = indexed_first_deadline(by_deadline, store);
                 }
                 soonest.finish = earlier(soonest.finish, b.finished_ms);
             }
             (Entry::Finished(a), Entry::Pending(b)) => {
                 if soonest.finish == Some(a.finished_ms) {
-                    soonest.finish = first_finish(by_finish, store);
+                    soonest.finish = indexed_first_finish(by_finish, store);
                 }
                 soonest.deadline = earlier(soonest.deadline, b.deadline_ms);
             }
@@ -969,7 +956,7 @@ impl Book {
             ) {
                 self.store.release_id(&slot.id, slot.meta);
             }
-            self.soonest.deadline = self.indexed_first_deadline();
+            self.soonest.deadline = indexed_first_deadline(&self.by_deadline, &self.store);
             return entry;
         }
         let h = self.finished_ids.remove(|h| id.cmp(store.finished_id(h)))?;
@@ -982,7 +969,7 @@ impl Book {
         ) {
             self.store.release_id(&slot.id, slot.meta);
         }
-        self.soonest.finish = self.indexed_first_finish();
+        self.soonest.finish = indexed_first_finish(&self.by_finish, &self.store);
         entry
     }
 
@@ -1034,8 +1021,8 @@ impl Book {
         {
             return Err("index and slab sizes differ");
         }
-        if self.soonest.deadline != self.indexed_first_deadline()
-            || self.soonest.finish != self.indexed_first_finish()
+        if self.soonest.deadline != indexed_first_deadline(&self.by_deadline, store)
+            || self.soonest.finish != indexed_first_finish(&self.by_finish, store)
         {
             return Err("cached soonest times differ from the indexes");
         }
@@ -1161,7 +1148,6 @@ mod tests {
             book.first_deadline(),
             model.by_deadline().first().map(|x| x.0)
         );
-        assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
         assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
         for (id, e) in &model.entries {
             assert_eq!(book.get(id), Some(*e));

@@ -565,7 +565,6 @@ fn split_items(items: &mut Items, pos: usize, h: u32, append: bool) -> (u32, Ite
     (separator, Items::from_slice(right))
 }
 
-/// Removes the key `probe` matches from the subtree at `node`.
 /// What [`HTree::remove_if`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Found {
