@@ -667,3 +667,52 @@ fn sweeper_indexed_keys_gauge_follows_the_sweeper() {
         std::thread::sleep(Duration::from_millis(25));
     }
 }
+
+/// At the latest `AT` (9999-11-01T00:00Z) every period, a month in the furthest zones
+/// included, is still computed: `used` resets into the period containing it, and `QUOTA.SET`
+/// keeps working there (a later `AT` is refused before anything runs).
+#[test]
+fn periods_still_reset_at_the_latest_at() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let last = 253_397_030_400_000_i64;
+    for (key, period, tz) in [
+        ("d", "DAY", "Europe/Paris"),
+        ("m", "MONTH", "Pacific/Kiritimati"),
+        ("w", "MONTH", "-12:00"),
+    ] {
+        ok(
+            &mut c,
+            &[
+                "QUOTA.SET",
+                key,
+                "LIMIT",
+                "1000",
+                "PERIOD",
+                period,
+                "TZ",
+                tz,
+            ],
+        );
+        ok(&mut c, &["QUOTA.CHARGE", key, "600"]);
+        let i = info_all(&mut c, key, last);
+        assert_eq!(i["used"], "0", "{key}: {i:?}");
+        let (start, end): (i64, i64) = (
+            i["period_start_ms"].parse().unwrap(),
+            i["period_end_ms"].parse().unwrap(),
+        );
+        assert!(start <= last && last < end, "{key}: {i:?}");
+        let r = items(&ok(
+            &mut c,
+            &["QUOTA.RESERVE", key, "1000", "AT", &last.to_string()],
+        ));
+        assert_eq!(int(&r[0]), 1, "{key}");
+        ok(&mut c, &["QUOTA.SET", key, "LIMIT", "2000"]);
+        assert_eq!(info_all(&mut c, key, last)["limit"], "2000");
+    }
+    let (_, msg) = err(
+        &mut c,
+        &["QUOTA.CHARGE", "d", "1", "AT", &(last + 1).to_string()],
+    );
+    assert!(msg.contains("AT must be at most 253397030400000"), "{msg}");
+}

@@ -369,8 +369,8 @@ fn bad_arguments_are_refused_and_write_nothing() {
         (&["k", "10", "1000", "AT"], "an argument is missing"),
         (&["k", "10", "1000", "AT", "-1"], "AT must not be negative"),
         (
-            &["k", "10", "1000", "AT", "253402207201000"],
-            "AT must be at most 253402207200999",
+            &["k", "10", "1000", "AT", "253397030400001"],
+            "AT must be at most 253397030400000",
         ),
         (
             &["k", "10", "1000000000000001", "PRECISION", "1000000000000"],
@@ -409,7 +409,7 @@ fn bad_arguments_are_refused_and_write_nothing() {
                 "PRECISION",
                 "1000000000000",
                 "AT",
-                "253402207200999"
+                "253397030400000"
             ]
         )[0],
         1

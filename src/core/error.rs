@@ -31,12 +31,14 @@ pub enum LedgerError {
     Period(String),
 }
 
-/// Shows at most 64 bytes of an id in an error line, escaping anything non-printable so the
-/// line stays a valid RESP simple error (no CR/LF, no NUL).
+/// Shows at most 64 bytes of an id in an error line (then `...`), escaping as `\xNN` every byte
+/// that is not visible ASCII, and `'` and `\`, so the line stays a valid RESP simple error (no
+/// CR/LF, no NUL) and the quoted id reads back unambiguously.
 pub fn printable_id(id: &[u8]) -> String {
     let mut out = String::new();
     for &b in id.iter().take(64) {
-        if b.is_ascii_graphic() {
+        // The quotes around the id and the escape character are escaped too: unambiguous.
+        if b.is_ascii_graphic() && b != b'\'' && b != b'\\' {
             out.push(char::from(b));
         } else {
             out.push_str(&format!("\\x{b:02x}"));
@@ -79,3 +81,19 @@ impl fmt::Display for LedgerError {
 }
 
 impl std::error::Error for LedgerError {}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::printable_id;
+
+    #[test]
+    fn ids_are_shown_unambiguously() {
+        assert_eq!(printable_id(b"req-42"), "req-42");
+        assert_eq!(
+            printable_id(b"a b'c\\d\r\n\0\xff"),
+            "a\\x20b\\x27c\\x5cd\\x0d\\x0a\\x00\\xff"
+        );
+        assert_eq!(printable_id(&[b'x'; 65]), format!("{}...", "x".repeat(64)));
+    }
+}

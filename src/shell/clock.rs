@@ -11,10 +11,11 @@ pub fn wall_ms() -> i64 {
     unsafe { raw::RedisModule_Milliseconds.map(|f| f()).unwrap_or(0) }
 }
 
-/// Latest `AT` accepted, unix ms: the latest `ANCHOR` (jiff's last instant, 9999-12-30T22:00Z,
-/// the end of the range calendar periods support), so no test-clock call can move a key's
-/// clock to the end of `i64`, where every later deadline would overflow.
-pub const MAX_AT_MS: i64 = 253_402_207_200_999;
+/// Latest `AT` accepted, unix ms: 9999-11-01T00:00Z. Every calendar period containing it (a
+/// month at most, in any zone) still ends within the range periods support (jiff's, to
+/// 9999-12-30T22:00Z), so no test-clock call reaches a time where a budget's period cannot be
+/// computed, nor the end of `i64`, where every later deadline would overflow.
+pub const MAX_AT_MS: i64 = 253_397_030_400_000;
 
 /// The time a command runs at: `AT` if given (test clock only), else the wall clock.
 pub fn command_ms(at: Option<i64>) -> Result<i64, RedisError> {
@@ -25,7 +26,7 @@ pub fn command_ms(at: Option<i64>) -> Result<i64, RedisError> {
         )),
         Some(ms) if ms < 0 => Err(RedisError::Str("ERR AT must not be negative")),
         Some(ms) if ms > MAX_AT_MS => Err(RedisError::Str(
-            "ERR AT must be at most 253402207200999 (9999-12-30T22:00:00.999Z)",
+            "ERR AT must be at most 253397030400000 (9999-11-01T00:00:00Z)",
         )),
         Some(ms) => Ok(ms),
     }
@@ -34,12 +35,11 @@ pub fn command_ms(at: Option<i64>) -> Result<i64, RedisError> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn max_at_is_the_latest_anchor() {
-        assert_eq!(
-            super::MAX_AT_MS,
-            jiff::Timestamp::MAX.as_millisecond(),
-            "{}",
-            jiff::Timestamp::MAX
-        );
+    fn max_at_leaves_a_month_in_any_zone_within_the_calendar() {
+        let at = jiff::Timestamp::from_millisecond(super::MAX_AT_MS).map(|t| t.to_string());
+        assert_eq!(at.ok().as_deref(), Some("9999-11-01T00:00:00Z"));
+        // A month plus the widest offset still fits before jiff's last instant.
+        let room = jiff::Timestamp::MAX.as_millisecond() - super::MAX_AT_MS;
+        assert!(room > (31 * 24 + 26) * 3_600_000, "{room}");
     }
 }
