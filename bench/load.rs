@@ -145,6 +145,10 @@ pub struct Measure {
     pub usec: u64,
     /// A rollback workload ran out of prefilled reservations before its time was up.
     pub exhausted: bool,
+    /// CPU µs the server's main thread used meanwhile (`INFO cpu`: commands, networking,
+    /// everything), and the client threads (`getrusage`, this process).
+    pub server_cpu_us: u64,
+    pub client_cpu_us: u64,
     /// Best throughput over the passes merged into this one.
     pub best_ops: f64,
     pub passes: usize,
@@ -158,6 +162,15 @@ impl Measure {
     /// Server µs per operation (per cycle for the cycle workloads).
     pub fn usec_per_op(&self) -> f64 {
         self.usec as f64 / (self.ops.max(1)) as f64
+    }
+
+    /// CPU µs per operation of the server's main thread and of the clients.
+    pub fn cpu_per_op(&self) -> (f64, f64) {
+        let ops = self.ops.max(1) as f64;
+        (
+            self.server_cpu_us as f64 / ops,
+            self.client_cpu_us as f64 / ops,
+        )
     }
 
     pub fn best_ops_per_sec(&self) -> f64 {
@@ -251,6 +264,31 @@ fn setup(con: &mut Connection, kind: Kind) -> Result<()> {
     Ok(())
 }
 
+/// CPU µs (user + system) of the server's main thread so far, from `INFO cpu`.
+fn server_cpu_us(con: &mut Connection) -> Result<u64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query(con)?;
+    let mut total = 0.0;
+    for line in info.lines() {
+        if let Some((name, value)) = line.trim().split_once(':') {
+            if name == "used_cpu_sys_main_thread" || name == "used_cpu_user_main_thread" {
+                total += value.parse::<f64>()?;
+            }
+        }
+    }
+    Ok((total * 1e6) as u64)
+}
+
+/// CPU µs (user + system) of this process's threads so far.
+fn client_cpu_us() -> u64 {
+    // SAFETY: getrusage writes a plain struct we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(usage.ru_utime) + us(usage.ru_stime)
+}
+
 fn reset_stats(con: &mut Connection) -> Result<()> {
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -278,6 +316,8 @@ pub fn measure(run: &Run, kind: Kind, depth: usize) -> Result<Measure> {
     }
     reset_stats(&mut con)?;
     let client = run.server.client()?;
+    let server_cpu_before = server_cpu_us(&mut con)?;
+    let client_cpu_before = client_cpu_us();
     let start = Instant::now();
     let results: Vec<Result<(u64, Duration, bool)>> = std::thread::scope(|s| {
         let handles: Vec<_> = prefills
@@ -310,6 +350,14 @@ pub fn measure(run: &Run, kind: Kind, depth: usize) -> Result<Measure> {
                             }
                         }
                     }
+                    if kind.unit() == "cycle" {
+                        // Settle the last batch's reservations: every reserve counted has its
+                        // settle, so the server's call count is exactly two per cycle.
+                        let last = batch(
+                            &mut con, run.scripts, kind, t, &mut n, 0, &mut ids, &mut packed,
+                        )?;
+                        ops += last.unwrap_or(0);
+                    }
                     Ok((ops, start.elapsed(), exhausted))
                 })
             })
@@ -328,6 +376,8 @@ pub fn measure(run: &Run, kind: Kind, depth: usize) -> Result<Measure> {
         elapsed = elapsed.max(e);
         exhausted |= x;
     }
+    let client_cpu = client_cpu_us().saturating_sub(client_cpu_before);
+    let server_cpu = server_cpu_us(&mut con)?.saturating_sub(server_cpu_before);
     let mut calls = 0;
     let mut usec = 0;
     for name in kind.commands() {
@@ -350,6 +400,8 @@ pub fn measure(run: &Run, kind: Kind, depth: usize) -> Result<Measure> {
         elapsed,
         usec,
         exhausted,
+        server_cpu_us: server_cpu,
+        client_cpu_us: client_cpu,
         best_ops: 0.0,
         passes: 1,
     })
@@ -479,6 +531,9 @@ impl Packed {
 }
 
 /// One pipelined batch of `depth` operations; `None` when a rollback workload ran out of ids.
+/// `carried`: for the rollback workloads, the reservations made beforehand (popped from the
+/// back); for the cycles, the reservations the previous batch made, settled by this one (a
+/// batch of `depth` 0 settles the last ones).
 #[allow(clippy::too_many_arguments)]
 fn batch(
     con: &mut Connection,
@@ -487,7 +542,7 @@ fn batch(
     t: usize,
     n: &mut u64,
     depth: usize,
-    prefilled: &mut Vec<(usize, String)>,
+    carried: &mut Vec<(usize, String)>,
     p: &mut Packed,
 ) -> Result<Option<u64>> {
     p.clear();
@@ -572,74 +627,82 @@ fn batch(
                 }
             }
         }
-        Kind::LuaReserve | Kind::LuaCycle => {
+        Kind::LuaReserve | Kind::Reserve => {
+            for _ in 0..depth {
+                let k = key_of(t, *n);
+                let id = client_id(t, *n);
+                *n += 1;
+                if kind == Kind::LuaReserve {
+                    lua_call(p, &scripts.reserve, &key("bench:t:", k), &id);
+                } else {
+                    p.cmd(3).bulk(b"QUOTA.RESERVE");
+                    p.bulk(&key("bench:q:", k));
+                    p.int(1);
+                }
+            }
+            for v in &p.send(con)? {
+                if kind == Kind::LuaReserve {
+                    expect_int(v, 1)?;
+                } else {
+                    expect_first(v, 1)?;
+                }
+            }
+        }
+        Kind::LuaCycle | Kind::Cycle => {
+            // One round trip per batch: settle what the previous batch reserved (with the ids
+            // its replies returned), then make `depth` new reservations, as a gateway's
+            // connection interleaves the settles of finished calls with new calls' reserves.
+            let settles = carried.len();
+            for (k, id) in carried.iter() {
+                if kind == Kind::LuaCycle {
+                    lua_call(p, &scripts.settle, &key("bench:t:", *k), id);
+                } else {
+                    p.cmd(4).bulk(b"QUOTA.SETTLE");
+                    p.bulk(&key("bench:q:", *k));
+                    p.bulk(id.as_bytes());
+                    p.int(1);
+                }
+            }
+            carried.clear();
             let mut made = Vec::with_capacity(depth);
             for _ in 0..depth {
                 let k = key_of(t, *n);
                 let id = client_id(t, *n);
                 *n += 1;
-                let kb = key("bench:t:", k);
-                p.cmd(6).bulk(b"EVALSHA");
-                p.bulk(scripts.reserve.as_bytes());
-                p.int(2);
-                p.bulk(&kb);
-                p.bulk(detail_key(&id).as_bytes());
-                p.int(1);
-                made.push((kb, id));
-            }
-            for v in &p.send(con)? {
-                expect_int(v, 1)?;
-            }
-            if kind == Kind::LuaCycle {
-                p.clear();
-                for (kb, id) in &made {
-                    p.cmd(6).bulk(b"EVALSHA");
-                    p.bulk(scripts.settle.as_bytes());
-                    p.int(2);
-                    p.bulk(kb);
-                    p.bulk(detail_key(id).as_bytes());
+                if kind == Kind::LuaCycle {
+                    lua_call(p, &scripts.reserve, &key("bench:t:", k), &id);
+                } else {
+                    p.cmd(3).bulk(b"QUOTA.RESERVE");
+                    p.bulk(&key("bench:q:", k));
                     p.int(1);
                 }
-                for v in &p.send(con)? {
-                    expect_int(v, 1)?;
-                }
-            }
-        }
-        Kind::Reserve | Kind::Cycle => {
-            let mut keys = Vec::with_capacity(depth);
-            for _ in 0..depth {
-                let k = key_of(t, *n);
-                *n += 1;
-                let kb = key("bench:q:", k);
-                p.cmd(3).bulk(b"QUOTA.RESERVE");
-                p.bulk(&kb);
-                p.int(1);
-                keys.push(kb);
+                made.push((k, id));
             }
             let replies = p.send(con)?;
-            if kind == Kind::Cycle {
-                p.clear();
-                for (kb, v) in keys.iter().zip(&replies) {
-                    p.cmd(4).bulk(b"QUOTA.SETTLE");
-                    p.bulk(kb);
-                    p.bulk(granted_id_bytes(v)?);
-                    p.int(1);
-                }
-                for v in &p.send(con)? {
+            let (settled, reserved) = replies.split_at(settles.min(replies.len()));
+            for v in settled {
+                if kind == Kind::LuaCycle {
+                    expect_int(v, 1)?;
+                } else {
                     expect_settled(v)?;
                 }
-            } else {
-                for v in &replies {
-                    expect_first(v, 1)?;
+            }
+            for ((k, id), v) in made.into_iter().zip(reserved) {
+                if kind == Kind::LuaCycle {
+                    expect_int(v, 1)?;
+                    carried.push((k, id));
+                } else {
+                    carried.push((k, granted_id(v)?));
                 }
             }
+            return Ok(Some(settles as u64));
         }
         Kind::LuaRollback | Kind::Rollback => {
-            if prefilled.len() < depth {
+            if carried.len() < depth {
                 return Ok(None);
             }
             for _ in 0..depth {
-                let Some((k, id)) = prefilled.pop() else {
+                let Some((k, id)) = carried.pop() else {
                     return Ok(None);
                 };
                 if kind == Kind::LuaRollback {
@@ -668,14 +731,14 @@ fn batch(
     Ok(Some(depth as u64))
 }
 
-/// The id bytes of a granted `QUOTA.RESERVE` reply.
-fn granted_id_bytes(v: &Value) -> Result<&[u8]> {
-    if let Value::Array(items) = v {
-        if let (Some(Value::Int(1)), Some(Value::BulkString(id))) = (items.first(), items.get(1)) {
-            return Ok(id);
-        }
-    }
-    Err(format!("RESERVE not granted: {v:?}").into())
+/// `EVALSHA sha 2 tenant quota_reserve:<id> 1`: the Lua reserve or settle of 1 unit.
+fn lua_call(p: &mut Packed, sha: &str, tenant: &[u8], id: &str) {
+    p.cmd(6).bulk(b"EVALSHA");
+    p.bulk(sha.as_bytes());
+    p.int(2);
+    p.bulk(tenant);
+    p.bulk(detail_key(id).as_bytes());
+    p.int(1);
 }
 
 fn expect_settled(v: &Value) -> Result<()> {

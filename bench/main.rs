@@ -19,8 +19,9 @@
 //! Environment: `BENCH_QUICK=1` (short run, ≤ 60 s), `BENCH_THREADS` (connections, default 4),
 //! `BENCH_SECONDS` (per workload and depth), `BENCH_REPEAT` (passes over the load workloads,
 //! each keeping its best; default 3, QUICK 1), `BENCH_ONLY=load,memory,sweeper`,
-//! `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report path, `-` for none;
-//! default docs/benchmarks.md, none for QUICK),
+//! `BENCH_WORKLOADS=hincrby,cycle` (load workloads whose name contains one of these, any
+//! case; default all), `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report
+//! path, `-` for none; default docs/benchmarks.md, none for QUICK or BENCH_WORKLOADS),
 //! `QUOTA_MODULE` (module path, default `target/release/libredis_quota.so`),
 //! `QUOTA_FLOOR_MODULE` (the API-floor module of bench/floor.rs, default
 //! `target/release/examples/libapifloor.so`; its row is left out if it is missing).
@@ -60,6 +61,8 @@ pub struct Config {
     pub repeat: usize,
     pub duration: Duration,
     pub sections: Vec<String>,
+    /// Load workloads to run (lowercase name fragments); empty: all.
+    pub workloads: Vec<String>,
     pub mem_items: usize,
     pub window_keys: usize,
     pub window_rate: usize,
@@ -91,6 +94,12 @@ impl Config {
             .split(',')
             .map(|s| s.trim().to_string())
             .collect();
+        let workloads: Vec<String> = env("BENCH_WORKLOADS")
+            .unwrap_or_default()
+            .split(',')
+            .map(|s| s.trim().to_lowercase())
+            .filter(|s| !s.is_empty())
+            .collect();
         let sweep_efforts = env("BENCH_SWEEP_EFFORT")
             .unwrap_or_else(|| "1000,20000".into())
             .split(',')
@@ -100,7 +109,8 @@ impl Config {
         let out = match env("BENCH_OUT").as_deref() {
             Some("-") => None,
             Some(p) => Some(p.into()),
-            None if quick => None,
+            // Likewise a run of some workloads only.
+            None if quick || !workloads.is_empty() => None,
             None => {
                 Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md"))
             }
@@ -116,6 +126,7 @@ impl Config {
             repeat: repeat.max(1),
             duration: Duration::from_secs_f64(secs),
             sections,
+            workloads,
             mem_items: if quick { 100_000 } else { 500_000 },
             window_keys: if quick { 200 } else { 1000 },
             window_rate: 10,
@@ -129,6 +140,11 @@ impl Config {
 
     fn runs(&self, section: &str) -> bool {
         self.sections.iter().any(|s| s == section)
+    }
+
+    fn runs_workload(&self, kind: Kind) -> bool {
+        let name = kind.name().to_lowercase();
+        self.workloads.is_empty() || self.workloads.iter().any(|w| name.contains(w.as_str()))
     }
 }
 
@@ -172,7 +188,7 @@ fn run() -> Result<()> {
         // most throughput: outside load only ever adds time).
         for pass in 0..cfg.repeat {
             for kind in Kind::ALL {
-                if kind == Kind::Floor && floor.is_none() {
+                if (kind == Kind::Floor && floor.is_none()) || !cfg.runs_workload(kind) {
                     continue;
                 }
                 for depth in DEPTHS {
@@ -188,8 +204,10 @@ fn run() -> Result<()> {
                             + 4 * depth
                     });
                     let m: Measure = load::measure(&run, kind, depth)?;
+                    let (server_cpu, client_cpu) = m.cpu_per_op();
                     eprintln!(
-                        "bench: pass {}/{} {:<28} depth {:>2}: {:>9.0} {}/s, {:>6.2} µs/{} server{}",
+                        "bench: pass {}/{} {:<28} depth {:>2}: {:>9.0} {}/s, {:>6.2} µs/{} \
+                         server (CPU µs/{}: server {:.2}, clients {:.2}){}",
                         pass + 1,
                         cfg.repeat,
                         kind.name(),
@@ -198,6 +216,9 @@ fn run() -> Result<()> {
                         kind.unit(),
                         m.usec_per_op(),
                         kind.unit(),
+                        kind.unit(),
+                        server_cpu,
+                        client_cpu,
                         if m.exhausted { " (ran out of ids)" } else { "" }
                     );
                     results.add(m);

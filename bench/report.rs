@@ -163,13 +163,17 @@ pub fn render(cfg: &Config, r: &Results) -> String {
              figure is the best of the passes (outside load on the shared machine only adds \
              time). Ratios: server cost against `HINCRBY` (the floor of any hash-based ledger) \
              and, for module commands, cost and client-side throughput against the Lua script it \
-             replaces, at the same depth. Goals use the mean of the two depths' server cost.\n"
+             replaces, at the same depth. Goals use the mean of the two depths' server cost. \
+             CPU µs/op (of the pass kept): the server's main thread from `INFO cpu` (the \
+             commands plus reading, parsing and writing: what bounds a server-bound workload) \
+             and the client threads' (`getrusage`); both share the machine's CPUs.\n"
         );
         let _ = writeln!(
             s,
-            "| Workload | depth | ops/s | server µs/op | cost ÷ HINCRBY | vs | cost ÷ Lua | ops/s ÷ Lua |"
+            "| Workload | depth | ops/s | server µs/op | CPU µs/op: server, clients | cost ÷ HINCRBY \
+             | vs | cost ÷ Lua | ops/s ÷ Lua |"
         );
-        let _ = writeln!(s, "|---|--:|--:|--:|--:|---|--:|--:|");
+        let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|---|--:|--:|");
         for m in &r.load {
             let twin = lua_twin(m.kind).and_then(|k| r.get(k, m.depth));
             let hincr = r
@@ -177,13 +181,15 @@ pub fn render(cfg: &Config, r: &Results) -> String {
                 .map_or(floor, Measure::usec_per_op);
             let _ = writeln!(
                 s,
-                "| {}{} | {} | {:.0} {}/s | {:.2} | {} | {} | {} | {} |",
+                "| {}{} | {} | {:.0} {}/s | {:.2} | {:.2}, {:.2} | {} | {} | {} | {} |",
                 m.kind.name(),
                 if m.exhausted { " ‡" } else { "" },
                 m.depth,
                 m.best_ops_per_sec(),
                 m.kind.unit(),
                 m.usec_per_op(),
+                m.cpu_per_op().0,
+                m.cpu_per_op().1,
                 ratio(m.usec_per_op(), hincr),
                 twin.map_or("".into(), |t| t.kind.name().to_string()),
                 twin.map_or("".into(), |t| ratio(m.usec_per_op(), t.usec_per_op())),
@@ -194,7 +200,7 @@ pub fn render(cfg: &Config, r: &Results) -> String {
         }
         let _ = writeln!(
             s,
-            "| QUOTA.MRESERVE ×3 + MSETTLE | – | not run | | | | | |\n\n\
+            "| QUOTA.MRESERVE ×3 + MSETTLE | – | not run | | | | | | |\n\n\
              MRESERVE / MSETTLE do not exist yet (the multi-key issue is not open): not \
              benchmarked.{}\n",
             if r.load.iter().any(|m| m.exhausted) {
