@@ -671,14 +671,23 @@ impl Book {
         self.by_finish.len()
     }
 
+    /// The entry of `id`, pending or remembered. An id above all (a new client id that grows,
+    /// such as a time-ordered request id) is answered with one comparison per index.
     pub fn get(&self, id: &[u8]) -> Option<Entry> {
         let store = &self.store;
-        if let Some(h) = self.pending_ids.find(|h| id.cmp(store.pending_id(h))) {
-            return store
-                .pending_slot(h)
-                .map(|s| Entry::Pending(s.reservation()));
+        let in_pending = |h| id.cmp(store.pending_id(h));
+        if !self.pending_ids.is_above_last(in_pending) {
+            if let Some(h) = self.pending_ids.find(in_pending) {
+                return store
+                    .pending_slot(h)
+                    .map(|s| Entry::Pending(s.reservation()));
+            }
         }
-        let h = self.finished_ids.find(|h| id.cmp(store.finished_id(h)))?;
+        let in_finished = |h| id.cmp(store.finished_id(h));
+        if self.finished_ids.is_above_last(in_finished) {
+            return None;
+        }
+        let h = self.finished_ids.find(in_finished)?;
         store.finished_slot(h).map(|s| Entry::Finished(s.entry()))
     }
 

@@ -334,7 +334,14 @@ impl Budget {
 
     /// The logical state of `id` at `now` with finished ids kept for `keep_ms`.
     pub fn id_state(&self, id: &[u8], now: i64, keep_ms: i64) -> IdState {
-        match self.book.get(id) {
+        self.id_lookup(id, now, keep_ms).0
+    }
+
+    /// [`Budget::id_state`], and whether the id is still in the book: an id that is not needs
+    /// no preparation before it is used (one search instead of two).
+    fn id_lookup(&self, id: &[u8], now: i64, keep_ms: i64) -> (IdState, bool) {
+        let entry = self.book.get(id);
+        let state = match entry {
             None => IdState::Unknown,
             Some(Entry::Pending(r)) => {
                 if now < r.deadline_ms {
@@ -360,7 +367,8 @@ impl Budget {
                     IdState::Done(f.outcome)
                 }
             }
-        }
+        };
+        (state, entry.is_some())
     }
 
     /// Effects that bring `id`'s physical entry in line with its logical state (release an
@@ -642,8 +650,11 @@ impl Budget {
         if amount < 0 {
             return Err(LedgerError::Invalid("amount must not be negative"));
         }
+        let mut present = false;
         if let Some(id) = id {
-            match self.id_state(id, now, policy.keep_ms) {
+            let (state, in_book) = self.id_lookup(id, now, policy.keep_ms);
+            present = in_book;
+            match state {
                 IdState::Unknown => {}
                 IdState::Pending(r) if r.amount == amount => {
                     return Ok(Plan {
@@ -698,7 +709,7 @@ impl Budget {
         // A client id may still be physically there (logically forgotten): prepare it. A
         // generated id is known to be new.
         let (id, prepare): (Id, bool) = match id {
-            Some(id) => (Id::from_slice(id), true),
+            Some(id) => (Id::from_slice(id), present),
             None => (self.next_id(now)?, false),
         };
         let grant = Effect::Grant {
@@ -879,8 +890,11 @@ impl Budget {
         if amount < 0 {
             return Err(LedgerError::Invalid("amount must not be negative"));
         }
+        let mut present = false;
         if let Some(id) = id {
-            match self.id_state(id, now, policy.keep_ms) {
+            let (state, in_book) = self.id_lookup(id, now, policy.keep_ms);
+            present = in_book;
+            match state {
                 IdState::Unknown => {}
                 IdState::Done(Outcome::Charged { amount: a }) if a == amount => {
                     return Ok(Plan {
@@ -924,7 +938,9 @@ impl Budget {
             overrun,
             id: id.map(Id::from),
         };
-        let effects = self.with_upkeep(now, policy.keep_ms, id, full, vec![charge]);
+        // An id not in the book needs no preparation.
+        let prepare = id.filter(|_| present);
+        let effects = self.upkeep(now, policy.keep_ms, prepare, id, full, vec![charge]);
         Ok(Plan {
             effects,
             reply: true,
