@@ -14,8 +14,8 @@
 //! through the slabs — so an index costs 4.5–6 bytes per entry instead of a copy of the id.
 //! Four of them: pending ids, finished ids, deadlines, finish times. Pending and finished ids
 //! are indexed apart so that a settle finds its (pending) id among the few pending ones, not
-//! among every remembered id, and a lookup of an id above all (a generated id) is one
-//! comparison; [`Book::entries`] merges the two into one id order.
+//! among every remembered id, and a lookup of an id above all (a generated id, a growing
+//! client id) is one comparison; [`Book::entries`] merges the two into one id order.
 //! Ids longer than 16 bytes live in a side store (one allocation each), referenced from the
 //! slot.
 //!
@@ -691,8 +691,8 @@ impl Book {
         store.finished_slot(h).map(|s| Entry::Finished(s.entry()))
     }
 
-    /// Is `id` known (pending or remembered)? An id above all (generated) is answered with
-    /// one comparison per index.
+    /// Is `id` known (pending or remembered)? An id above all (generated, or a growing client
+    /// id) is answered with one comparison per index.
     fn contains(&self, id: &[u8]) -> bool {
         let store = &self.store;
         let in_pending = |h| id.cmp(store.pending_id(h));
@@ -1160,6 +1160,19 @@ mod tests {
         assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
         for (id, e) in &model.entries {
             assert_eq!(book.get(id), Some(*e));
+        }
+        // Absent ids too: above every id (answered without a search), between and below.
+        let mut probes: Vec<Vec<u8>> = vec![vec![0xff; 41]];
+        for a in 0u8..5 {
+            probes.push(vec![a]);
+            probes.extend((0u8..5).map(|b| vec![a, b]));
+        }
+        for id in model.entries.keys() {
+            probes.push([id.as_slice(), &[0]].concat());
+            probes.push([id.as_slice(), &[0xff]].concat());
+        }
+        for probe in &probes {
+            assert_eq!(book.get(probe), model.entries.get(probe).copied());
         }
         let n = model.entries.len();
         assert_eq!(book.pending_len() + book.finished_len(), n);
