@@ -354,7 +354,14 @@ pub fn measure(run: &Run, kind: Kind, depth: usize) -> Result<Measure> {
                         // Settle the last batch's reservations: every reserve counted has its
                         // settle, so the server's call count is exactly two per cycle.
                         let last = batch(
-                            &mut con, run.scripts, kind, t, &mut n, 0, &mut ids, &mut packed,
+                            &mut con,
+                            run.scripts,
+                            kind,
+                            t,
+                            &mut n,
+                            0,
+                            &mut ids,
+                            &mut packed,
                         )?;
                         ops += last.unwrap_or(0);
                     }
