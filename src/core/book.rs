@@ -7,8 +7,10 @@
 //! Each entry is stored once, packed, in one of two slabs addressed by `u32` handles: a pending
 //! reservation in 41 bytes (id up to 16 bytes inline, amount, created, deadline), a finished id
 //! in 33 bytes (id, outcome, value, finish time). Slabs grow in chunks of about 5 KiB (one
-//! jemalloc size class, no doubling slack) and stay dense: a removed entry's slot is refilled
-//! with the slab's last entry, whose handle is updated in the indexes (O(log n)).
+//! jemalloc size class, no doubling slack). A removed entry leaves a hole that the next insert
+//! fills; holes are linked through their own bytes and kept at most about as many as the
+//! entries by compacting a step or two per removal (the tail entry moves into a hole and its
+//! handle is updated in the indexes, O(log n)), so a slab spans at most about twice its entries.
 //!
 //! The orders are [`HTree`]s of handles — B-trees that store 4-byte handles and compare
 //! through the slabs — so an index costs 4.5–6 bytes per entry instead of a copy of the id.
@@ -156,6 +158,79 @@ fn i64_of(b: [u8; 8]) -> i64 {
     i64::from_le_bytes(b)
 }
 
+/// `meta` of a slot that is a hole (no entry: neither kind of slot can have it, since ids are
+/// at most [`LONG`] long and finished kinds are below 5).
+const HOLE: u8 = 0xff;
+/// No handle (ends of the list of holes).
+const NIL: u32 = u32::MAX;
+
+/// A slot that can be a hole: a link of the slab's doubly-linked list of holes, kept in the
+/// hole's own id bytes (`prev`, then `next`), so holes cost no memory of their own.
+trait Slot: Copy {
+    fn meta(&self) -> u8;
+    fn id(&self) -> &[u8; INLINE];
+    /// A hole with zeroed fields and the given id bytes.
+    fn hole_with(id: [u8; INLINE]) -> Self;
+
+    fn hole(prev: u32, next: u32) -> Self {
+        let mut id = [0u8; INLINE];
+        for (dst, src) in id
+            .iter_mut()
+            .zip(prev.to_le_bytes().into_iter().chain(next.to_le_bytes()))
+        {
+            *dst = src;
+        }
+        Self::hole_with(id)
+    }
+
+    /// `(prev, next)` if this slot is a hole.
+    fn links(&self) -> Option<(u32, u32)> {
+        if self.meta() != HOLE {
+            return None;
+        }
+        let [a, b, c, d, e, f, g, h, ..] = *self.id();
+        Some((
+            u32::from_le_bytes([a, b, c, d]),
+            u32::from_le_bytes([e, f, g, h]),
+        ))
+    }
+}
+
+impl Slot for PendingSlot {
+    fn meta(&self) -> u8 {
+        self.meta
+    }
+    fn id(&self) -> &[u8; INLINE] {
+        &self.id
+    }
+    fn hole_with(id: [u8; INLINE]) -> Self {
+        PendingSlot {
+            id,
+            meta: HOLE,
+            amount: [0; 8],
+            created: [0; 8],
+            deadline: [0; 8],
+        }
+    }
+}
+
+impl Slot for FinishedSlot {
+    fn meta(&self) -> u8 {
+        self.meta
+    }
+    fn id(&self) -> &[u8; INLINE] {
+        &self.id
+    }
+    fn hole_with(id: [u8; INLINE]) -> Self {
+        FinishedSlot {
+            id,
+            meta: HOLE,
+            value: [0; 8],
+            finished: [0; 8],
+        }
+    }
+}
+
 impl PendingSlot {
     fn deadline(&self) -> i64 {
         i64_of(self.deadline)
@@ -188,11 +263,37 @@ fn handle_of(len: usize) -> Option<u32> {
     u32::try_from(len).ok().filter(|&h| h < HANDLE_LIMIT)
 }
 
-/// Dense storage in fixed-size chunks; handles are positions.
+/// Storage in fixed-size chunks; handles are positions.
+///
+/// A removed entry leaves a hole, which the next insert fills (last made, first filled): a
+/// removal moves no other entry and touches no index. Holes are kept few: while they
+/// outnumber the entries (by more than [`SLACK`]), each removal is followed by up to two
+/// compaction steps ([`Slab::compaction_step`]), each dropping a hole at the tail or moving
+/// the tail entry into a hole (the caller re-points its index entries, O(log n)). So every
+/// removal stays O(log n), and a slab spans at most about twice its entries (all storage is
+/// given back with the last entry). Before, every removal moved the last entry into the hole:
+/// two index searches per removal, at the cold far end of the indexes (issue 5, round 5).
 #[derive(Clone, Debug)]
 struct Slab<T, const CHUNK: usize> {
     chunks: Vec<Vec<T>>,
+    /// Positions: entries and holes.
     len: usize,
+    /// Holes, all below `len`.
+    holes: usize,
+    /// The last hole made (the head of the list of holes), or [`NIL`].
+    free: u32,
+}
+
+/// Holes a slab may hold beyond its number of entries before removals compact it.
+const SLACK: usize = 4;
+
+/// One step of [`Slab::compaction_step`].
+enum Step {
+    /// A hole at the tail was dropped.
+    Trimmed,
+    /// The tail entry `from` is to move into the hole `to`: re-point its index entries, then
+    /// [`Slab::finish_move`].
+    Move { from: u32, to: u32 },
 }
 
 impl<T, const CHUNK: usize> Default for Slab<T, CHUNK> {
@@ -200,11 +301,13 @@ impl<T, const CHUNK: usize> Default for Slab<T, CHUNK> {
         Slab {
             chunks: Vec::new(),
             len: 0,
+            holes: 0,
+            free: NIL,
         }
     }
 }
 
-impl<T: Copy, const CHUNK: usize> Slab<T, CHUNK> {
+impl<T: Slot, const CHUNK: usize> Slab<T, CHUNK> {
     fn at(h: usize) -> (usize, usize) {
         // CHUNK is a non-zero constant: neither can fail.
         (
@@ -223,8 +326,52 @@ impl<T: Copy, const CHUNK: usize> Slab<T, CHUNK> {
         self.chunks.get_mut(c)?.get_mut(i)
     }
 
-    /// Appends; `None` once 2^31 entries are held (the handle space).
+    /// Entries held.
+    fn live(&self) -> usize {
+        self.len.saturating_sub(self.holes)
+    }
+
+    /// The handle the next [`Slab::push`] returns: the last hole made, else the end.
+    fn next_handle(&self) -> Option<u32> {
+        if self.free != NIL {
+            return Some(self.free);
+        }
+        handle_of(self.len)
+    }
+
+    fn set_links(&mut self, h: u32, prev: u32, next: u32) {
+        if let Some(slot) = self.get_mut(h) {
+            *slot = T::hole(prev, next);
+        }
+    }
+
+    /// Takes hole `h` out of the list of holes (O(1)); it is then free to be written.
+    fn unlink(&mut self, h: u32) {
+        let Some((prev, next)) = self.get(h).and_then(|s| s.links()) else {
+            return;
+        };
+        if prev == NIL {
+            self.free = next;
+        } else if let Some((pp, _)) = self.get(prev).and_then(|s| s.links()) {
+            self.set_links(prev, pp, next);
+        }
+        if next != NIL {
+            if let Some((_, nn)) = self.get(next).and_then(|s| s.links()) {
+                self.set_links(next, prev, nn);
+            }
+        }
+        self.holes = self.holes.saturating_sub(1);
+    }
+
+    /// Stores `t` in the last hole made, else appends; `None` once 2^31 positions are used
+    /// (the handle space).
     fn push(&mut self, t: T) -> Option<u32> {
+        if self.free != NIL {
+            let h = self.free;
+            self.unlink(h);
+            *self.get_mut(h)? = t;
+            return Some(h);
+        }
         let h = handle_of(self.len)?;
         let (c, _) = Self::at(self.len);
         if c == self.chunks.len() {
@@ -246,32 +393,109 @@ impl<T: Copy, const CHUNK: usize> Slab<T, CHUNK> {
         Some(h)
     }
 
-    /// Removes `h` by moving the last entry into its slot. Returns the removed entry.
-    fn swap_remove(&mut self, h: u32) -> Option<T> {
-        let last = self.len.checked_sub(1)?;
-        let last_h = u32::try_from(last).ok()?;
+    /// Removes the entry at `h`, leaving a hole (all storage is given back with the last
+    /// entry). Returns the removed entry. The caller must have taken `h` out of every index,
+    /// and then runs [`Slab::compaction_step`]s.
+    fn remove(&mut self, h: u32) -> Option<T> {
         let removed = *self.get(h)?;
-        if h != last_h {
-            let moved = *self.get(last_h)?;
-            *self.get_mut(h)? = moved;
+        if removed.links().is_some() {
+            return None;
         }
-        let (c, _) = Self::at(last);
-        let chunk = self.chunks.get_mut(c)?;
-        chunk.pop();
-        if chunk.is_empty() {
-            self.chunks.truncate(c);
-        } else if c == 0 && chunk.capacity() > FIRST_CHUNK && chunk.len() <= chunk.capacity() / 4 {
-            chunk.shrink_to(chunk.len().saturating_mul(2));
+        if self.live() <= 1 {
+            *self = Slab::default();
+            return Some(removed);
         }
-        self.len = last;
-        if last == 0 {
-            self.chunks = Vec::new();
+        let head = self.free;
+        if head != NIL {
+            if let Some((_, next)) = self.get(head).and_then(|s| s.links()) {
+                self.set_links(head, h, next);
+            }
         }
+        self.set_links(h, NIL, head);
+        self.free = h;
+        self.holes = self.holes.saturating_add(1);
         Some(removed)
     }
 
-    fn last_handle(&self) -> Option<u32> {
-        u32::try_from(self.len.checked_sub(1)?).ok()
+    /// While holes outnumber entries by more than [`SLACK`]: drop a hole at the tail, or plan
+    /// the move of the tail entry into the last hole made. `None`: nothing to do.
+    fn compaction_step(&mut self) -> Option<Step> {
+        if self.holes <= self.live().saturating_add(SLACK) {
+            return None;
+        }
+        let tail = u32::try_from(self.len.checked_sub(1)?).ok()?;
+        if self.get(tail)?.links().is_some() {
+            self.unlink(tail);
+            self.pop_tail();
+            return Some(Step::Trimmed);
+        }
+        // Every hole is below the tail, which holds an entry.
+        Some(Step::Move {
+            from: tail,
+            to: self.free,
+        })
+    }
+
+    /// Moves the tail entry `from` into hole `to` (a [`Step::Move`] whose index entries now
+    /// point at `to`).
+    fn finish_move(&mut self, from: u32, to: u32) {
+        let Some(&t) = self.get(from) else {
+            return;
+        };
+        self.unlink(to);
+        if let Some(slot) = self.get_mut(to) {
+            *slot = t;
+        }
+        self.pop_tail();
+    }
+
+    /// Drops the last position (an entry moved away, or a hole already unlinked).
+    fn pop_tail(&mut self) {
+        let Some(last) = self.len.checked_sub(1) else {
+            return;
+        };
+        let (c, _) = Self::at(last);
+        if let Some(chunk) = self.chunks.get_mut(c) {
+            chunk.pop();
+            if chunk.is_empty() {
+                self.chunks.truncate(c);
+            } else if c == 0
+                && chunk.capacity() > FIRST_CHUNK
+                && chunk.len() <= chunk.capacity() / 4
+            {
+                chunk.shrink_to(chunk.len().saturating_mul(2));
+            }
+        }
+        self.len = last;
+    }
+
+    /// Checks the list of holes and the bound on holes; for tests.
+    fn check(&self) -> Result<(), &'static str> {
+        let stored: usize = self.chunks.iter().map(Vec::len).sum();
+        if stored != self.len {
+            return Err("slab chunks and length differ");
+        }
+        let (mut h, mut prev, mut seen) = (self.free, NIL, 0usize);
+        while h != NIL {
+            let Some((p, next)) = self.get(h).and_then(|s| s.links()) else {
+                return Err("a listed hole is not a hole");
+            };
+            if p != prev || seen >= self.holes {
+                return Err("the list of holes is broken");
+            }
+            (prev, h, seen) = (h, next, seen.saturating_add(1));
+        }
+        let marked = (0..self.len)
+            .filter_map(|i| u32::try_from(i).ok())
+            .filter(|&i| self.get(i).is_some_and(|s| s.links().is_some()))
+            .count();
+        if seen != self.holes || marked != self.holes {
+            return Err("hole count differs from the holes");
+        }
+        if self.holes > self.live().saturating_add(SLACK + 2) {
+            return Err("too many holes");
+        }
+        Ok(())
     }
 
     /// Calls `f(requested bytes)` for each allocation.
@@ -597,14 +821,23 @@ fn take_pending(
         remove_handle(by_deadline, h, |x| {
             store.pending_key(h).cmp(&store.pending_key(x))
         });
-        // The last slot moves into `h`: point its index entries at `h` first.
-        if let Some(last) = store.pending.last_handle().filter(|&l| l != h) {
-            let moved = store.pending_key(last);
-            by_deadline.replace(|x| moved.cmp(&store.pending_key(x)), h);
-            pending_ids.replace(|x| moved.1.cmp(store.pending_id(x)), h);
+    }
+    let removed = store.pending.remove(h);
+    for _ in 0..2 {
+        match store.pending.compaction_step() {
+            None => break,
+            Some(Step::Trimmed) => {}
+            Some(Step::Move { from, to }) => {
+                // The index entries of `from` point at `to` before the entry moves there.
+                let st = &*store;
+                let moved = st.pending_key(from);
+                by_deadline.replace(|x| moved.cmp(&st.pending_key(x)), to);
+                pending_ids.replace(|x| moved.1.cmp(st.pending_id(x)), to);
+                store.pending.finish_move(from, to);
+            }
         }
     }
-    store.pending.swap_remove(h)
+    removed
 }
 
 /// Mirror of [`take_pending`] for finished slot `h`.
@@ -619,13 +852,23 @@ fn take_finished(
         remove_handle(by_finish, h, |x| {
             store.finished_key(h).cmp(&store.finished_key(x))
         });
-        if let Some(last) = store.finished.last_handle().filter(|&l| l != h) {
-            let moved = store.finished_key(last);
-            by_finish.replace(|x| moved.cmp(&store.finished_key(x)), h);
-            finished_ids.replace(|x| moved.1.cmp(store.finished_id(x)), h);
+    }
+    let removed = store.finished.remove(h);
+    for _ in 0..2 {
+        match store.finished.compaction_step() {
+            None => break,
+            Some(Step::Trimmed) => {}
+            Some(Step::Move { from, to }) => {
+                // The index entries of `from` point at `to` before the entry moves there.
+                let st = &*store;
+                let moved = st.finished_key(from);
+                by_finish.replace(|x| moved.cmp(&st.finished_key(x)), to);
+                finished_ids.replace(|x| moved.1.cmp(st.finished_id(x)), to);
+                store.finished.finish_move(from, to);
+            }
         }
     }
-    store.finished.swap_remove(h)
+    removed
 }
 
 /// Pending reservations and finished ids of one key.
@@ -921,8 +1164,8 @@ impl Book {
     /// Inserts a new id; false (and nothing changed) if the id is already present.
     pub fn insert(&mut self, id: &[u8], entry: Entry) -> bool {
         let handle = match entry {
-            Entry::Pending(_) => handle_of(self.store.pending.len),
-            Entry::Finished(_) => handle_of(self.store.finished.len),
+            Entry::Pending(_) => self.store.pending.next_handle(),
+            Entry::Finished(_) => self.store.finished.next_handle(),
         };
         let (Some(handle), false) = (handle, self.contains(id)) else {
             return false;
@@ -1023,10 +1266,12 @@ impl Book {
             .check(|a, b| store.pending_key(a).cmp(&store.pending_key(b)))?;
         self.by_finish
             .check(|a, b| store.finished_key(a).cmp(&store.finished_key(b)))?;
-        if self.by_deadline.len() != store.pending.len
-            || self.by_finish.len() != store.finished.len
-            || self.pending_ids.len() != store.pending.len
-            || self.finished_ids.len() != store.finished.len
+        store.pending.check()?;
+        store.finished.check()?;
+        if self.by_deadline.len() != store.pending.live()
+            || self.by_finish.len() != store.finished.live()
+            || self.pending_ids.len() != store.pending.live()
+            || self.finished_ids.len() != store.finished.live()
         {
             return Err("index and slab sizes differ");
         }
