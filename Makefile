@@ -44,7 +44,7 @@ demo: release
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) $(CARGO) run --release --example replay
 
 ## bench: the module against the Lua scripts it replaces (speed, memory, sweeper); writes
-## docs/benchmarks.md. QUICK=1 for a short run (under a minute; printed only, BENCH_OUT=path to write it).
+## docs/benchmarks.md. QUICK=1 for a short run (under a minute, plus the first build; printed only, BENCH_OUT=path to write it).
 bench: release
 	$(CARGO) build --release --example apifloor
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) BENCH_QUICK=$(QUICK) $(CARGO) run --release --example bench
