@@ -636,16 +636,7 @@ fn batch(
         }
         Kind::LuaReserve | Kind::Reserve => {
             for _ in 0..depth {
-                let k = key_of(t, *n);
-                let id = client_id(t, *n);
-                *n += 1;
-                if kind == Kind::LuaReserve {
-                    lua_call(p, &scripts.reserve, &key("bench:t:", k), &id);
-                } else {
-                    p.cmd(3).bulk(b"QUOTA.RESERVE");
-                    p.bulk(&key("bench:q:", k));
-                    p.int(1);
-                }
+                queue_reserve(p, scripts, kind == Kind::LuaReserve, t, n);
             }
             for v in &p.send(con)? {
                 if kind == Kind::LuaReserve {
@@ -671,20 +662,9 @@ fn batch(
                 }
             }
             carried.clear();
-            let mut made = Vec::with_capacity(depth);
-            for _ in 0..depth {
-                let k = key_of(t, *n);
-                let id = client_id(t, *n);
-                *n += 1;
-                if kind == Kind::LuaCycle {
-                    lua_call(p, &scripts.reserve, &key("bench:t:", k), &id);
-                } else {
-                    p.cmd(3).bulk(b"QUOTA.RESERVE");
-                    p.bulk(&key("bench:q:", k));
-                    p.int(1);
-                }
-                made.push((k, id));
-            }
+            let made: Vec<(usize, String)> = (0..depth)
+                .map(|_| queue_reserve(p, scripts, kind == Kind::LuaCycle, t, n))
+                .collect();
             let replies = p.send(con)?;
             let (settled, reserved) = replies.split_at(settles.min(replies.len()));
             for v in settled {
@@ -736,6 +716,28 @@ fn batch(
         }
     }
     Ok(Some(depth as u64))
+}
+
+/// Queues thread `t`'s next reserve of 1 unit: the Lua script's (on `bench:t:<k>`, with the
+/// client id) or `QUOTA.RESERVE` (on `bench:q:<k>`, generated id). Returns (key index, client id).
+fn queue_reserve(
+    p: &mut Packed,
+    scripts: &Scripts,
+    lua: bool,
+    t: usize,
+    n: &mut u64,
+) -> (usize, String) {
+    let k = key_of(t, *n);
+    let id = client_id(t, *n);
+    *n += 1;
+    if lua {
+        lua_call(p, &scripts.reserve, format!("bench:t:{k}").as_bytes(), &id);
+    } else {
+        p.cmd(3).bulk(b"QUOTA.RESERVE");
+        p.bulk(format!("bench:q:{k}").as_bytes());
+        p.int(1);
+    }
+    (k, id)
 }
 
 /// `EVALSHA sha 2 tenant quota_reserve:<id> 1`: the Lua reserve or settle of 1 unit.

@@ -808,6 +808,26 @@ fn remove_handle(tree: &mut HTree, h: u32, probe: impl Fn(u32) -> Ordering) {
     }
 }
 
+/// The compaction steps that follow a removal from the slab `slab_of(store)`:
+/// `repoint(store, from, to)` points the index entries of the entry at `from` at `to`, before
+/// the entry moves there.
+fn compact_after_removal<T: Slot, const CHUNK: usize>(
+    store: &mut Store,
+    slab_of: fn(&mut Store) -> &mut Slab<T, CHUNK>,
+    mut repoint: impl FnMut(&Store, u32, u32),
+) {
+    for _ in 0..2 {
+        match slab_of(store).compaction_step() {
+            None => break,
+            Some(Step::Trimmed) => {}
+            Some(Step::Move { from, to }) => {
+                repoint(store, from, to);
+                slab_of(store).finish_move(from, to);
+            }
+        }
+    }
+}
+
 /// Takes pending slot `h` out of the slab and the deadline index. The pending-id index must
 /// no longer hold `h` for this entry; the long-id store is the caller's.
 fn take_pending(
@@ -823,20 +843,15 @@ fn take_pending(
         });
     }
     let removed = store.pending.remove(h);
-    for _ in 0..2 {
-        match store.pending.compaction_step() {
-            None => break,
-            Some(Step::Trimmed) => {}
-            Some(Step::Move { from, to }) => {
-                // The index entries of `from` point at `to` before the entry moves there.
-                let st = &*store;
-                let moved = st.pending_key(from);
-                by_deadline.replace(|x| moved.cmp(&st.pending_key(x)), to);
-                pending_ids.replace(|x| moved.1.cmp(st.pending_id(x)), to);
-                store.pending.finish_move(from, to);
-            }
-        }
-    }
+    compact_after_removal(
+        store,
+        |s| &mut s.pending,
+        |st, from, to| {
+            let moved = st.pending_key(from);
+            by_deadline.replace(|x| moved.cmp(&st.pending_key(x)), to);
+            pending_ids.replace(|x| moved.1.cmp(st.pending_id(x)), to);
+        },
+    );
     removed
 }
 
@@ -854,20 +869,15 @@ fn take_finished(
         });
     }
     let removed = store.finished.remove(h);
-    for _ in 0..2 {
-        match store.finished.compaction_step() {
-            None => break,
-            Some(Step::Trimmed) => {}
-            Some(Step::Move { from, to }) => {
-                // The index entries of `from` point at `to` before the entry moves there.
-                let st = &*store;
-                let moved = st.finished_key(from);
-                by_finish.replace(|x| moved.cmp(&st.finished_key(x)), to);
-                finished_ids.replace(|x| moved.1.cmp(st.finished_id(x)), to);
-                store.finished.finish_move(from, to);
-            }
-        }
-    }
+    compact_after_removal(
+        store,
+        |s| &mut s.finished,
+        |st, from, to| {
+            let moved = st.finished_key(from);
+            by_finish.replace(|x| moved.cmp(&st.finished_key(x)), to);
+            finished_ids.replace(|x| moved.1.cmp(st.finished_id(x)), to);
+        },
+    );
     removed
 }
 
