@@ -516,10 +516,12 @@ impl<T: Slot, const CHUNK: usize> Slab<T, CHUNK> {
 
 /// Ids longer than [`INLINE`] bytes, one allocation each, at stable indexes.
 ///
-/// A new id takes the lowest free index, so live ids gather at the front and the table gives
-/// back its tail as soon as the ids there are gone: it follows the number of long ids the key
-/// holds, not its peak (a table that only reused the last freed slot kept its peak size while
-/// any long id stayed; found by a break-test helper).
+/// A new id takes the lowest free index, so live ids gather at the front, and the table gives
+/// back its tail as soon as the ids there are gone. One id left at a high index would still
+/// pin the table at its peak, so while holes outnumber ids (by more than 16) each removal from
+/// the book moves up to two ids from the tail into the lowest holes ([`Book::compact_long_ids`]):
+/// the table follows the number of long ids the key holds, not its peak (both cases found by
+/// break-test helpers).
 #[derive(Clone, Debug, Default)]
 struct LongIds {
     slots: Vec<Option<Box<[u8]>>>,
@@ -566,7 +568,12 @@ impl LongIds {
             return;
         }
         self.free.push(Reverse(i));
-        // Give back the free tail (amortized O(1): each slot is popped once per push).
+        self.tidy();
+    }
+
+    /// Gives back the free tail (amortized O(1): each slot is popped once per push), stale
+    /// free entries and spare capacity.
+    fn tidy(&mut self) {
         while matches!(self.slots.last(), Some(None)) {
             self.slots.pop();
         }
@@ -586,6 +593,49 @@ impl LongIds {
         if self.slots.capacity() > len.saturating_mul(2).saturating_add(8) {
             self.slots.shrink_to(len.saturating_add(len / 2));
         }
+    }
+
+    /// While holes outnumber ids by more than 16: `(from, to)`, the last id (the tail is never
+    /// free) and the lowest hole, for [`Book::compact_long_ids`].
+    fn next_move(&mut self) -> Option<(u32, u32)> {
+        let len = self.slots.len();
+        if len.saturating_sub(self.live) <= self.live.saturating_add(16) {
+            return None;
+        }
+        let to = loop {
+            let &Reverse(i) = self.free.peek()?;
+            match usize::try_from(i).ok().and_then(|u| self.slots.get(u)) {
+                Some(None) => break i,
+                // Stale: past the tail.
+                _ => {
+                    self.free.pop();
+                }
+            }
+        };
+        let from = u32::try_from(len.checked_sub(1)?).ok()?;
+        (to < from).then_some((from, to))
+    }
+
+    /// Moves the id at `from` into the hole `to` (a move of [`LongIds::next_move`], whose
+    /// hole is the free heap's minimum). False, and nothing changed, if they are not an id and
+    /// a hole.
+    fn relocate(&mut self, from: u32, to: u32) -> bool {
+        let (Ok(f), Ok(t)) = (usize::try_from(from), usize::try_from(to)) else {
+            return false;
+        };
+        if self.free.peek() != Some(&Reverse(to))
+            || !matches!(self.slots.get(t), Some(None))
+            || !matches!(self.slots.get(f), Some(Some(_)))
+        {
+            return false;
+        }
+        let id = self.slots.get_mut(f).and_then(Option::take);
+        if let Some(slot) = self.slots.get_mut(t) {
+            *slot = id;
+        }
+        self.free.pop();
+        self.tidy();
+        true
     }
 
     fn allocations(&self, f: &mut impl FnMut(usize, usize)) {
@@ -1219,6 +1269,7 @@ impl Book {
                 self.store.release_id(&slot.id, slot.meta);
             }
             self.soonest.deadline = indexed_first_deadline(&self.by_deadline, &self.store);
+            self.compact_long_ids();
             return entry;
         }
         let h = self.finished_ids.remove(|h| id.cmp(store.finished_id(h)))?;
@@ -1232,7 +1283,51 @@ impl Book {
             self.store.release_id(&slot.id, slot.meta);
         }
         self.soonest.finish = indexed_first_finish(&self.by_finish, &self.store);
+        self.compact_long_ids();
         entry
+    }
+
+    /// Up to two moves of [`LongIds::next_move`]: the long id at the table's tail goes to its
+    /// lowest hole, and the slot naming it is found by one search of the id indexes and told
+    /// the new index (the id, so every order, is unchanged).
+    fn compact_long_ids(&mut self) {
+        for _ in 0..2 {
+            let Some((from, to)) = self.store.longs.next_move() else {
+                return;
+            };
+            let id: Vec<u8> = self.store.longs.get(from).to_vec();
+            let store = &self.store;
+            let pending = self
+                .pending_ids
+                .find(|h| id.as_slice().cmp(store.pending_id(h)));
+            let finished = match pending {
+                Some(_) => None,
+                None => self
+                    .finished_ids
+                    .find(|h| id.as_slice().cmp(store.finished_id(h))),
+            };
+            let slot = match (pending, finished) {
+                (Some(h), _) => self.store.pending.get_mut(h).map(|s| (&mut s.id, s.meta)),
+                (None, Some(h)) => self.store.finished.get_mut(h).map(|s| (&mut s.id, s.meta)),
+                (None, None) => None,
+            };
+            let Some((bytes, meta)) = slot else {
+                return;
+            };
+            let named = bytes.get(..4).is_some_and(|b| b == from.to_le_bytes());
+            if meta & LEN_MASK != LONG || !named || !self.store.longs.relocate(from, to) {
+                return;
+            }
+            // Re-borrow: relocate needed the store.
+            let slot = match (pending, finished) {
+                (Some(h), _) => self.store.pending.get_mut(h).map(|s| &mut s.id),
+                (None, Some(h)) => self.store.finished.get_mut(h).map(|s| &mut s.id),
+                (None, None) => None,
+            };
+            if let Some(dst) = slot.and_then(|b| b.get_mut(..4)) {
+                dst.copy_from_slice(&to.to_le_bytes());
+            }
+        }
     }
 
     /// Calls `f(requested bytes, count)` for every heap allocation the book holds, so that
@@ -1517,6 +1612,21 @@ mod tests {
             "{} vs {one}",
             book.heap_bytes()
         );
+        // One id left at the table's far end does not pin it either: ids move to the front.
+        for i in 0..20_000 {
+            assert!(book.insert(&long(100_000 + i), pending(1, 0, 100)));
+        }
+        for i in 0..19_999 {
+            assert!(book.remove(&long(100_000 + i)).is_some());
+        }
+        book.check().unwrap();
+        assert_eq!(book.get(&long(119_999)), Some(pending(1, 0, 100)));
+        assert!(
+            book.heap_bytes() < 8 * 1024,
+            "{} vs {one}",
+            book.heap_bytes()
+        );
+        assert!(book.remove(&long(119_999)).is_some());
         // Holes are reused lowest first, so a key with steady churn stays at its live size.
         for round in 0..50 {
             for i in 0..100 {
