@@ -728,6 +728,15 @@ impl Store {
         Some((bytes, LONG))
     }
 
+    /// The id bytes and meta of pending (or finished) slot `h`.
+    fn slot_id_mut(&mut self, pending: bool, h: u32) -> Option<(&mut [u8; INLINE], u8)> {
+        if pending {
+            self.pending.get_mut(h).map(|s| (&mut s.id, s.meta))
+        } else {
+            self.finished.get_mut(h).map(|s| (&mut s.id, s.meta))
+        }
+    }
+
     fn release_id(&mut self, bytes: &[u8; INLINE], meta: u8) {
         if meta & LEN_MASK == LONG {
             let mut index = [0u8; 4];
@@ -1297,34 +1306,34 @@ impl Book {
             };
             let id: Vec<u8> = self.store.longs.get(from).to_vec();
             let store = &self.store;
-            let pending = self
+            let at = match self
                 .pending_ids
-                .find(|h| id.as_slice().cmp(store.pending_id(h)));
-            let finished = match pending {
-                Some(_) => None,
+                .find(|h| id.as_slice().cmp(store.pending_id(h)))
+            {
+                Some(h) => Some((true, h)),
                 None => self
                     .finished_ids
-                    .find(|h| id.as_slice().cmp(store.finished_id(h))),
+                    .find(|h| id.as_slice().cmp(store.finished_id(h)))
+                    .map(|h| (false, h)),
             };
-            let slot = match (pending, finished) {
-                (Some(h), _) => self.store.pending.get_mut(h).map(|s| (&mut s.id, s.meta)),
-                (None, Some(h)) => self.store.finished.get_mut(h).map(|s| (&mut s.id, s.meta)),
-                (None, None) => None,
-            };
-            let Some((bytes, meta)) = slot else {
+            let Some((pending, h)) = at else {
                 return;
             };
-            let named = bytes.get(..4).is_some_and(|b| b == from.to_le_bytes());
-            if meta & LEN_MASK != LONG || !named || !self.store.longs.relocate(from, to) {
+            let names_it = self
+                .store
+                .slot_id_mut(pending, h)
+                .is_some_and(|(bytes, meta)| {
+                    meta & LEN_MASK == LONG
+                        && bytes.get(..4).is_some_and(|b| b == from.to_le_bytes())
+                });
+            if !names_it || !self.store.longs.relocate(from, to) {
                 return;
             }
-            // Re-borrow: relocate needed the store.
-            let slot = match (pending, finished) {
-                (Some(h), _) => self.store.pending.get_mut(h).map(|s| &mut s.id),
-                (None, Some(h)) => self.store.finished.get_mut(h).map(|s| &mut s.id),
-                (None, None) => None,
-            };
-            if let Some(dst) = slot.and_then(|b| b.get_mut(..4)) {
+            if let Some(dst) = self
+                .store
+                .slot_id_mut(pending, h)
+                .and_then(|(bytes, _)| bytes.get_mut(..4))
+            {
                 dst.copy_from_slice(&to.to_le_bytes());
             }
         }
