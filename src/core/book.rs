@@ -158,6 +158,18 @@ fn i64_of(b: [u8; 8]) -> i64 {
     i64::from_le_bytes(b)
 }
 
+/// The long-id table index a slot of a [`LONG`] id keeps in its first 4 id bytes.
+fn long_index(bytes: &[u8; INLINE]) -> u32 {
+    let [a, b, c, d, ..] = *bytes;
+    u32::from_le_bytes([a, b, c, d])
+}
+
+fn set_long_index(bytes: &mut [u8; INLINE], index: u32) {
+    if let Some(dst) = bytes.get_mut(..4) {
+        dst.copy_from_slice(&index.to_le_bytes());
+    }
+}
+
 /// `meta` of a slot that is a hole (no entry: neither kind of slot can have it, since ids are
 /// at most [`LONG`] long and finished kinds are below 5).
 const HOLE: u8 = 0xff;
@@ -173,14 +185,8 @@ trait Slot: Copy {
     fn hole_with(id: [u8; INLINE]) -> Self;
 
     fn hole(prev: u32, next: u32) -> Self {
-        let mut id = [0u8; INLINE];
-        for (dst, src) in id
-            .iter_mut()
-            .zip(prev.to_le_bytes().into_iter().chain(next.to_le_bytes()))
-        {
-            *dst = src;
-        }
-        Self::hole_with(id)
+        let ([a, b, c, d], [e, f, g, h]) = (prev.to_le_bytes(), next.to_le_bytes());
+        Self::hole_with([a, b, c, d, e, f, g, h, 0, 0, 0, 0, 0, 0, 0, 0])
     }
 
     /// `(prev, next)` if this slot is a hole.
@@ -678,9 +684,7 @@ impl Store {
     fn id<'a>(&'a self, bytes: &'a [u8; INLINE], meta: u8) -> &'a [u8] {
         let len = meta & LEN_MASK;
         if len == LONG {
-            let mut index = [0u8; 4];
-            index.copy_from_slice(bytes.get(..4).unwrap_or(&[0; 4]));
-            self.longs.get(u32::from_le_bytes(index))
+            self.longs.get(long_index(bytes))
         } else {
             bytes.get(..usize::from(len)).unwrap_or(&[])
         }
@@ -727,9 +731,7 @@ impl Store {
             return Some((bytes, u8::try_from(id.len()).ok()?));
         }
         let index = self.longs.add(id)?;
-        if let Some(dst) = bytes.get_mut(..4) {
-            dst.copy_from_slice(&index.to_le_bytes());
-        }
+        set_long_index(&mut bytes, index);
         Some((bytes, LONG))
     }
 
@@ -744,9 +746,7 @@ impl Store {
 
     fn release_id(&mut self, bytes: &[u8; INLINE], meta: u8) {
         if meta & LEN_MASK == LONG {
-            let mut index = [0u8; 4];
-            index.copy_from_slice(bytes.get(..4).unwrap_or(&[0; 4]));
-            self.longs.remove(u32::from_le_bytes(index));
+            self.longs.remove(long_index(bytes));
         }
     }
 }
@@ -1327,19 +1327,12 @@ impl Book {
             let names_it = self
                 .store
                 .slot_id_mut(pending, h)
-                .is_some_and(|(bytes, meta)| {
-                    meta & LEN_MASK == LONG
-                        && bytes.get(..4).is_some_and(|b| b == from.to_le_bytes())
-                });
+                .is_some_and(|(bytes, meta)| meta & LEN_MASK == LONG && long_index(bytes) == from);
             if !names_it || !self.store.longs.relocate(from, to) {
                 return;
             }
-            if let Some(dst) = self
-                .store
-                .slot_id_mut(pending, h)
-                .and_then(|(bytes, _)| bytes.get_mut(..4))
-            {
-                dst.copy_from_slice(&to.to_le_bytes());
+            if let Some((bytes, _)) = self.store.slot_id_mut(pending, h) {
+                set_long_index(bytes, to);
             }
         }
     }
