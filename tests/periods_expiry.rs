@@ -645,6 +645,35 @@ fn sweeper_follows_swapdb_and_flushall() {
     );
 }
 
+/// A write skips the sweeper's index while the index already has the key's due time (the
+/// budget keeps a note of it). A sweep and a rename change the index behind that note, so after
+/// either the key must be indexed again: a second short reservation on a swept key, and one on
+/// a key renamed (and not touched after), are still swept.
+#[test]
+fn sweeper_indexes_keys_again_after_a_sweep_and_a_rename() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let swept_down_to = |c: &mut redis::Connection, n: i64, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while quota_info_section(c)["quota_pending_reservations"] != n {
+            assert!(Instant::now() < deadline, "{what}: never swept");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    };
+    ok(&mut c, &["QUOTA.SET", "k", "LIMIT", "100"]);
+    for round in 0..3 {
+        ok(&mut c, &["QUOTA.RESERVE", "k", "1", "TTL", "100"]);
+        swept_down_to(&mut c, 0, &format!("round {round}"));
+    }
+    ok(&mut c, &["QUOTA.SET", "a", "LIMIT", "100"]);
+    ok(&mut c, &["QUOTA.RESERVE", "a", "1", "TTL", "3600000"]);
+    ok(&mut c, &["QUOTA.RESERVE", "a", "1", "TTL", "200"]);
+    ok(&mut c, &["RENAME", "a", "b"]);
+    swept_down_to(&mut c, 1, "renamed key");
+    assert_eq!(info(&mut c, "b")["pending"], 1);
+    assert_eq!(quota_info_section(&mut c)["quota_sweeper_indexed_keys"], 2);
+}
+
 /// A key the sweeper is done with (its reservation released, its finished id forgotten) leaves
 /// the index, and `quota_sweeper_indexed_keys` says so without waiting for another write.
 #[test]

@@ -192,7 +192,42 @@ pub struct Budget {
     pub(crate) period: Period,
     /// Bounds of the period `used` belongs to.
     pub(crate) period_bounds: Option<(i64, i64)>,
+    /// Where the shell last indexed this budget for active expiry (runtime only).
+    pub(crate) index_tag: IndexTag,
 }
+
+/// A note the Redis shell keeps on a budget: in which epoch of its expiry index it indexed the
+/// budget's key, and at what due time (`None`: not indexed). It lets a write that leaves the
+/// due time where the index has it skip the index (a hash of the key name and two lookups).
+/// Opaque to the ledger: runtime only, never persisted, ignored by `==`, and not copied by
+/// `clone` (a copy lives under another key, so it starts with no note: epoch 0).
+#[derive(Debug, Default)]
+pub struct IndexTag(std::cell::Cell<(u64, Option<i64>)>);
+
+impl IndexTag {
+    /// `(epoch, indexed due time)`; epoch 0: never indexed.
+    pub fn get(&self) -> (u64, Option<i64>) {
+        self.0.get()
+    }
+
+    pub fn set(&self, epoch: u64, due: Option<i64>) {
+        self.0.set((epoch, due));
+    }
+}
+
+impl Clone for IndexTag {
+    fn clone(&self) -> Self {
+        IndexTag::default()
+    }
+}
+
+impl PartialEq for IndexTag {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for IndexTag {}
 
 fn add(a: i64, b: i64) -> Result<i64, LedgerError> {
     a.checked_add(b).ok_or(LedgerError::Overflow)
@@ -215,7 +250,13 @@ impl Budget {
             book: Book::default(),
             period: Period::none(),
             period_bounds: None,
+            index_tag: IndexTag::default(),
         }
+    }
+
+    /// The shell's note of where it indexed this budget (see [`IndexTag`]).
+    pub fn index_tag(&self) -> &IndexTag {
+        &self.index_tag
     }
 
     /// The key's clock: the latest time a command was applied at (unix ms).

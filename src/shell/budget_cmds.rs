@@ -413,25 +413,22 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
 }
 
-/// `key id [n ...] [AT ms]`: the shape of SETTLE, ROLLBACK and EXTEND.
+/// `key id [n] [AT ms]`: the shape of SETTLE, ROLLBACK and EXTEND.
 struct KeyIdArgs<'a> {
     key: &'a RedisString,
     id: &'a [u8],
-    nums: Vec<i64>,
+    num: Option<i64>,
     at: Option<i64>,
 }
 
-/// Parses `key id`, then `extra` integers, then an optional trailing `AT ms`.
-fn key_id_tail<'a>(a: &mut Args<'a>, extra: usize) -> Result<KeyIdArgs<'a>, RedisError> {
+/// Parses `key id`, then an integer if `with_num`, then an optional trailing `AT ms`.
+fn key_id_tail<'a>(a: &mut Args<'a>, with_num: bool) -> Result<KeyIdArgs<'a>, RedisError> {
     let key = a.next_string()?;
     let id = a.next_bytes()?;
     // SETTLE, ROLLBACK and EXTEND name an existing id: only the hard cap applies, so lowering
     // quota.max-id-length never strands a reservation made under a higher one.
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let mut nums = Vec::with_capacity(extra);
-    for _ in 0..extra {
-        nums.push(a.next_i64()?);
-    }
+    let num = if with_num { Some(a.next_i64()?) } else { None };
     let mut at = None;
     while !a.is_empty() {
         let t = a.next_bytes()?;
@@ -440,7 +437,7 @@ fn key_id_tail<'a>(a: &mut Args<'a>, extra: usize) -> Result<KeyIdArgs<'a>, Redi
             None => return Err(syntax_error(t)),
         }
     }
-    Ok(KeyIdArgs { key, id, nums, at })
+    Ok(KeyIdArgs { key, id, num, at })
 }
 
 /// `QUOTA.SETTLE key id actual [AT ms]` → `[status, charged, available]`.
@@ -449,10 +446,10 @@ pub fn quota_settle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let KeyIdArgs {
         key: key_name,
         id,
-        nums,
+        num,
         at,
-    } = key_id_tail(&mut a, 1)?;
-    let actual = nums.first().copied().unwrap_or(0);
+    } = key_id_tail(&mut a, true)?;
+    let actual = num.unwrap_or(0);
     if actual < 0 {
         return Err(RedisError::Str("ERR actual must not be negative"));
     }
@@ -489,7 +486,7 @@ pub fn quota_rollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
         id,
         at,
         ..
-    } = key_id_tail(&mut a, 0)?;
+    } = key_id_tail(&mut a, false)?;
     let policy = config::policy();
     let ((status, released), view) = run_write(ctx, key_name, at, |b, now| {
         b.plan_rollback(now, &policy, id).map_err(ledger_err)
@@ -518,10 +515,10 @@ pub fn quota_extend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let KeyIdArgs {
         key: key_name,
         id,
-        nums,
+        num,
         at,
-    } = key_id_tail(&mut a, 1)?;
-    let ttl = nums.first().copied().unwrap_or(0);
+    } = key_id_tail(&mut a, true)?;
+    let ttl = num.unwrap_or(0);
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
     }

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -54,22 +55,24 @@ fn index() -> MutexGuard<'static, Index> {
     INDEX.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Records that `key` in `db` next has cleanup due at `due` (`None`: nothing to do).
-pub fn track(db: i32, key: &[u8], due: Option<i64>) {
+/// The index's epoch. It moves whenever an entry changes other than through [`track`]: a due
+/// key popped; keys renamed, moved, copied, restored, flushed or swapped. A budget's
+/// [`IndexTag`](crate::core::ledger::IndexTag) (the entry [`track`] left for its key) holds only
+/// within the epoch it was written in. DEL and a new `quota.finished-ttl` need none: they leave
+/// the entries as they were (a new value starts with no note). Starts at 1: 0 is "never indexed".
+static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+fn new_epoch() {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Records that `key` in `db` next has cleanup due at `due` (`None`: nothing to do); returns
+/// the due time the index now holds for the key.
+fn track(db: i32, key: &[u8], due: Option<i64>) -> Option<i64> {
     let mut ix = index();
     let current = ix.by_key.get(&db).and_then(|m| m.get(key)).copied();
-    // Most writes leave the soonest deadline where it was: nothing to do, nothing allocated.
-    if current == due {
-        return;
-    }
-    // An entry due earlier than needed is harmless: the sweeper pops it, finds nothing due yet
-    // and indexes the key again at its real time. So a due time that only moved later is left
-    // as it is — the common case: settling or rolling back the oldest reservation moves the
-    // soonest deadline later on every write.
-    if let (Some(old), Some(new)) = (current, due) {
-        if old <= new {
-            return;
-        }
+    if covers(current, due) {
+        return current;
     }
     let ix = &mut *ix;
     let keys = ix.by_key.entry(db).or_default();
@@ -84,11 +87,33 @@ pub fn track(db: i32, key: &[u8], due: Option<i64>) {
         ix.keys = ix.keys.saturating_add(1);
     }
     publish_indexed_keys(ix.keys);
+    due
 }
 
-/// Indexes a budget after a change.
+/// Does an index entry at `indexed` serve a key next due at `due`? The same time, or an earlier
+/// one: the sweeper pops it early, finds nothing due and indexes the key again at its real time.
+/// So a due time that only moved later is left as it is — the common case: settling or rolling
+/// back the oldest reservation moves the soonest deadline later on every write.
+fn covers(indexed: Option<i64>, due: Option<i64>) -> bool {
+    match (indexed, due) {
+        (Some(indexed), Some(due)) => indexed <= due,
+        (indexed, due) => indexed == due,
+    }
+}
+
+/// Indexes a budget after a change. Most writes leave its due time where the index has it; the
+/// budget's [`IndexTag`](crate::core::ledger::IndexTag) says so without locking, hashing or
+/// searching the index.
 pub fn track_budget(db: i32, key: &[u8], budget: &Budget) {
-    track(db, key, budget.next_due(config::policy().keep_ms));
+    let due = budget.next_due(config::policy().keep_ms);
+    let epoch = EPOCH.load(Ordering::Relaxed);
+    let tag = budget.index_tag();
+    let (tagged_epoch, indexed) = tag.get();
+    if tagged_epoch == epoch && covers(indexed, due) {
+        return;
+    }
+    let indexed = track(db, key, due);
+    tag.set(epoch, indexed);
 }
 
 /// Is some key due at `now`?
@@ -103,6 +128,7 @@ fn pop_due(now: i64) -> Option<(i64, i32, Vec<u8>)> {
         return None;
     }
     ix.by_due.remove(&first);
+    new_epoch();
     if let Some(m) = ix.by_key.get_mut(&first.1) {
         if m.remove(&first.2).is_some() {
             ix.keys = ix.keys.saturating_sub(1);
@@ -284,6 +310,8 @@ pub fn on_keyspace_event(ctx: &Context, _event_type: NotifyEvent, event: &str, k
     if !matches!(event, "rename_to" | "move_to" | "copy_to" | "restore") {
         return;
     }
+    // A renamed or moved budget's tag names its former key.
+    new_epoch();
     // NUL-safe, as in `sweep_key`: this hook sees every renamed, moved, copied or restored key.
     let key_name = RedisString::create_from_slice(ctx.ctx, key);
     let k = ctx.open_key(&key_name);
@@ -332,6 +360,7 @@ unsafe extern "C" fn on_flush(
         return;
     };
     let db = info.dbnum;
+    new_epoch();
     let mut ix = index();
     let ix = &mut *ix;
     ix.by_due.retain(|(_, d, _)| db != -1 && *d != db);
@@ -359,6 +388,7 @@ unsafe extern "C" fn on_swapdb(
         return;
     };
     let (a, b) = (info.dbnum_first, info.dbnum_second);
+    new_epoch();
     let swap = |d: i32| {
         if d == a {
             b
@@ -382,5 +412,22 @@ unsafe extern "C" fn on_swapdb(
     }
     if let Some(m) = second {
         ix.by_key.insert(a, m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers;
+
+    #[test]
+    fn an_entry_serves_a_key_due_at_or_after_it() {
+        assert!(covers(None, None));
+        assert!(covers(Some(5), Some(5)));
+        assert!(covers(Some(5), Some(9)));
+        // Due sooner than indexed: the entry would fire late.
+        assert!(!covers(Some(9), Some(5)));
+        // Indexed but nothing due (the entry goes), or due but not indexed.
+        assert!(!covers(Some(5), None));
+        assert!(!covers(None, Some(5)));
     }
 }

@@ -164,6 +164,7 @@ fn from_v1(
         book,
         period,
         period_bounds,
+        index_tag: Default::default(),
     };
     budget
         .check_invariants()
