@@ -82,6 +82,17 @@ impl Kind {
         Kind::Window,
     ];
 
+    /// Measured again with the server on a CPU of its own: each module workload with a
+    /// throughput figure worth comparing, next to its Lua twin.
+    pub const PINNED: [Kind; 6] = [
+        Kind::LuaReserve,
+        Kind::Reserve,
+        Kind::LuaCycle,
+        Kind::Cycle,
+        Kind::LuaWindow,
+        Kind::Window,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Incr => "INCR",
@@ -130,6 +141,17 @@ impl Kind {
     /// Workloads that roll back reservations made (untimed) before the clock starts.
     fn needs_prefill(self) -> bool {
         matches!(self, Kind::LuaRollback | Kind::Rollback)
+    }
+}
+
+/// Adds a pass of a workload to `list`, keeping the best of each figure.
+pub fn add_best(list: &mut Vec<Measure>, m: Measure) {
+    match list
+        .iter_mut()
+        .find(|x| x.kind == m.kind && x.depth == m.depth)
+    {
+        Some(x) => x.merge(&m),
+        None => list.push(m),
     }
 }
 

@@ -6,6 +6,9 @@
 //!   connections (one thread each): throughput seen by the clients, and the server-side cost
 //!   per call from `INFO commandstats` (`CONFIG RESETSTAT` after each workload's setup). Floors
 //!   `INCR` and `HINCRBY`; the Lua scripts in `bench/lua/` (EVALSHA); the module's commands.
+//!   Then the reserve, cycle and window workloads again at depth 16 with the server pinned to
+//!   a CPU of its own and the clients to the others (`taskset`), as when clients run on other
+//!   hosts: the throughput of the server rather than of the machine it shares.
 //! - **memory**: bytes per pending reservation (16-byte ids), per remembered finished id and
 //!   per 60 s / 1 s sliding-window key under heavy traffic, module and Lua, from `used_memory`
 //!   deltas and `MEMORY USAGE`.
@@ -19,6 +22,7 @@
 //! Environment: `BENCH_QUICK=1` (short run, ≤ 60 s), `BENCH_THREADS` (connections, default 4),
 //! `BENCH_SECONDS` (per workload and depth), `BENCH_REPEAT` (passes over the load workloads,
 //! each keeping its best; default 3, QUICK 1), `BENCH_ONLY=load,memory,sweeper`,
+//! `BENCH_PIN=0` (skip the runs with the server on its own CPU),
 //! `BENCH_WORKLOADS=hincrby,cycle` (load workloads whose name contains one of these, any
 //! case; default all), `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report
 //! path, `-` for none; default docs/benchmarks.md, none for QUICK or BENCH_WORKLOADS),
@@ -54,6 +58,9 @@ type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
 /// Pipeline depths every workload runs at.
 pub const DEPTHS: [usize; 2] = [1, 16];
 
+/// The depth of the runs with the server on its own CPU (the throughput goal's).
+pub const PINNED_DEPTH: usize = 16;
+
 pub struct Config {
     pub quick: bool,
     pub threads: usize,
@@ -71,6 +78,8 @@ pub struct Config {
     pub sweep_spread_ms: i64,
     pub sweep_efforts: Vec<i64>,
     pub out: Option<std::path::PathBuf>,
+    /// Also measure throughput with the server on a CPU of its own (`BENCH_PIN`, default on).
+    pub pin: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -135,6 +144,7 @@ impl Config {
             sweep_spread_ms: if quick { 1000 } else { 3000 },
             sweep_efforts,
             out,
+            pin: !matches!(env("BENCH_PIN").as_deref(), Some("0")),
         })
     }
 
@@ -146,6 +156,22 @@ impl Config {
         let name = kind.name().to_lowercase();
         self.workloads.is_empty() || self.workloads.iter().any(|w| name.contains(w.as_str()))
     }
+}
+
+/// One pass of a load workload, on stderr.
+fn log_pass(pass: usize, repeat: usize, m: &Measure, label: &str) {
+    let (server_cpu, client_cpu) = m.cpu_per_op();
+    let unit = m.kind.unit();
+    eprintln!(
+        "bench: pass {}/{repeat} {:<28} depth {:>2}: {:>9.0} {unit}/s, {:>6.2} µs/{unit} \
+         server (CPU µs/{unit}: server {server_cpu:.2}, clients {client_cpu:.2}){}{label}",
+        pass + 1,
+        m.kind.name(),
+        m.depth,
+        m.ops_per_sec(),
+        m.usec_per_op(),
+        if m.exhausted { " (ran out of ids)" } else { "" },
+    );
 }
 
 fn main() -> ExitCode {
@@ -204,24 +230,29 @@ fn run() -> Result<()> {
                             + 4 * depth
                     });
                     let m: Measure = load::measure(&run, kind, depth)?;
-                    let (server_cpu, client_cpu) = m.cpu_per_op();
-                    eprintln!(
-                        "bench: pass {}/{} {:<28} depth {:>2}: {:>9.0} {}/s, {:>6.2} µs/{} \
-                         server (CPU µs/{}: server {:.2}, clients {:.2}){}",
-                        pass + 1,
-                        cfg.repeat,
-                        kind.name(),
-                        depth,
-                        m.ops_per_sec(),
-                        kind.unit(),
-                        m.usec_per_op(),
-                        kind.unit(),
-                        kind.unit(),
-                        server_cpu,
-                        client_cpu,
-                        if m.exhausted { " (ran out of ids)" } else { "" }
-                    );
+                    log_pass(pass, cfg.repeat, &m, "");
                     results.add(m);
+                }
+            }
+        }
+        // The throughput goal again, with the server on a CPU of its own (see `Pinned`).
+        let pinned_kinds: Vec<Kind> = Kind::PINNED
+            .into_iter()
+            .filter(|&k| cfg.runs_workload(k))
+            .collect();
+        if !cfg.pin {
+            results.pinned_skipped = Some("BENCH_PIN=0".into());
+        } else if !pinned_kinds.is_empty() {
+            match server::Pinned::new(&server) {
+                Err(e) => results.pinned_skipped = Some(e.to_string()),
+                Ok(_pinned) => {
+                    for pass in 0..cfg.repeat {
+                        for &kind in &pinned_kinds {
+                            let m = load::measure(&run, kind, PINNED_DEPTH)?;
+                            log_pass(pass, cfg.repeat, &m, " [server on its own CPU]");
+                            load::add_best(&mut results.pinned, m);
+                        }
+                    }
                 }
             }
         }

@@ -132,6 +132,11 @@ impl Server {
         .into())
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("redis.log"))
             .unwrap_or_else(|e| format!("(no log: {e})"))
@@ -201,4 +206,87 @@ pub fn redis_version(con: &mut redis::Connection) -> Result<String> {
         .get("redis_version")
         .cloned()
         .unwrap_or_else(|| "?".into()))
+}
+
+/// The server on a CPU of its own and this process (the client threads it starts from now on)
+/// on the others, for as long as the value lives; both get their former CPUs back on drop.
+/// This is how throughput is measured when clients run on other hosts, as a gateway's do: on a
+/// shared machine the client threads otherwise take CPU time from the server (Redis's own
+/// benchmark notes: with client and server on one box, the CPU is the limiting factor).
+/// Uses `taskset` (util-linux); needs at least 2 CPUs.
+pub struct Pinned {
+    server: u32,
+    former: String,
+}
+
+impl Pinned {
+    pub fn new(server: &Server) -> Result<Pinned> {
+        let me = std::process::id();
+        let former = affinity(me)?;
+        let cpus = parse_cpu_list(&former)
+            .ok_or_else(|| format!("cannot read the CPU list {former:?}"))?;
+        let [first, rest @ ..] = cpus.as_slice() else {
+            return Err("no CPU to run on".into());
+        };
+        if rest.is_empty() {
+            return Err("needs 2 CPUs".into());
+        }
+        let rest: Vec<String> = rest.iter().map(|c| c.to_string()).collect();
+        taskset(&first.to_string(), server.pid(), false)?;
+        let pinned = Pinned {
+            server: server.pid(),
+            former,
+        };
+        taskset(&rest.join(","), me, true)?;
+        Ok(pinned)
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = taskset(&self.former, self.server, false);
+        let _ = taskset(&self.former, std::process::id(), true);
+    }
+}
+
+/// `taskset -p -c cpus pid`: the main thread of `pid` (with `all`, every thread) onto `cpus`.
+fn taskset(cpus: &str, pid: u32, all: bool) -> Result<()> {
+    let out = Command::new("taskset")
+        .args(if all { &["-a"][..] } else { &[] })
+        .args(["-p", "-c", cpus, &pid.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run taskset ({e})"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "taskset -c {cpus} {pid}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The CPU list `pid` may run on, as `taskset -p -c` prints it (`0-3,5`).
+fn affinity(pid: u32) -> Result<String> {
+    let out = Command::new("taskset")
+        .args(["-p", "-c", &pid.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run taskset ({e})"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.rsplit_once(':')
+        .map(|(_, list)| list.trim().to_string())
+        .filter(|list| out.status.success() && !list.is_empty())
+        .ok_or_else(|| format!("taskset -p {pid}: unexpected output {text:?}").into())
+}
+
+/// `0-3,5` → [0, 1, 2, 3, 5].
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse().ok()?),
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(cpus)
 }
