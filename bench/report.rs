@@ -182,15 +182,10 @@ pub fn render(cfg: &Config, r: &Results) -> String {
                 .map_or(floor, Measure::usec_per_op);
             let _ = writeln!(
                 s,
-                "| {}{} | {} | {:.0} {}/s | {:.2} | {:.2}, {:.2} | {} | {} | {} | {} |",
+                "| {}{} | {} | {} | {} | {} | {} |",
                 m.kind.name(),
                 if m.exhausted { " ‡" } else { "" },
-                m.depth,
-                m.best_ops_per_sec(),
-                m.kind.unit(),
-                m.usec_per_op(),
-                m.cpu_per_op().0,
-                m.cpu_per_op().1,
+                measure_cells(m),
                 ratio(m.usec_per_op(), hincr),
                 twin.map_or("".into(), |t| t.kind.name().to_string()),
                 twin.map_or("".into(), |t| ratio(m.usec_per_op(), t.usec_per_op())),
@@ -307,6 +302,18 @@ pub fn render(cfg: &Config, r: &Results) -> String {
     s
 }
 
+/// `depth | ops/s | server µs/op | CPU µs/op` cells of a load table row.
+fn measure_cells(m: &Measure) -> String {
+    let (server_cpu, client_cpu) = m.cpu_per_op();
+    format!(
+        "{} | {:.0} {}/s | {:.2} | {server_cpu:.2}, {client_cpu:.2}",
+        m.depth,
+        m.best_ops_per_sec(),
+        m.kind.unit(),
+        m.usec_per_op(),
+    )
+}
+
 /// The throughput workloads again with the server on a CPU of its own.
 fn pinned_table(r: &Results) -> String {
     let mut s = String::new();
@@ -335,14 +342,9 @@ fn pinned_table(r: &Results) -> String {
         let twin = lua_twin(m.kind).and_then(|k| r.get_pinned(k));
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} {}/s | {:.2} | {:.2}, {:.2} | {} | {} |",
+            "| {} | {} | {} | {} |",
             m.kind.name(),
-            m.depth,
-            m.best_ops_per_sec(),
-            m.kind.unit(),
-            m.usec_per_op(),
-            m.cpu_per_op().0,
-            m.cpu_per_op().1,
+            measure_cells(m),
             twin.map_or("".into(), |t| t.kind.name().to_string()),
             twin.map_or("".into(), |t| {
                 ratio(m.best_ops_per_sec(), t.best_ops_per_sec())
