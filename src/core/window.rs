@@ -237,6 +237,9 @@ struct Buckets {
     /// `index - base` of each bucket. Same length as `counts`.
     offsets: VecDeque<u32>,
     counts: Counts,
+    /// The sum of `counts`, kept by every change (derived: not serialized, not compared), so
+    /// that a call's decision sums only the buckets on the short side of the window's edge.
+    total: i128,
 }
 
 /// The buckets' counts: 4 bytes each while every count fits a `u32` (rate limits count
@@ -352,6 +355,32 @@ impl Counts {
             Counts::Wide(v) => CountsIter::Wide(v.iter()),
         }
     }
+
+    fn back(&self) -> Option<i64> {
+        match self {
+            Counts::Narrow(v) => v.back().map(|&c| i64::from(c)),
+            Counts::Wide(v) => v.back().copied(),
+        }
+    }
+
+    fn front(&self) -> Option<i64> {
+        match self {
+            Counts::Narrow(v) => v.front().map(|&c| i64::from(c)),
+            Counts::Wide(v) => v.front().copied(),
+        }
+    }
+
+    /// The sum of the counts at positions `range`.
+    fn sum(&self, range: std::ops::Range<usize>) -> i128 {
+        match self {
+            Counts::Narrow(v) => v
+                .range(range)
+                .fold(0i128, |t, &c| t.saturating_add(i128::from(c))),
+            Counts::Wide(v) => v
+                .range(range)
+                .fold(0i128, |t, &c| t.saturating_add(i128::from(c))),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -407,11 +436,13 @@ impl Buckets {
             base,
             offsets: VecDeque::with_capacity(len),
             counts: Counts::with_capacity(len),
+            total: 0,
         };
         for b in buckets {
             out.offsets
                 .push_back(offset(base, b.index).ok_or(span_err)?);
             out.counts.push_back(b.count);
+            out.total = out.total.saturating_add(i128::from(b.count));
         }
         Ok(out)
     }
@@ -425,6 +456,45 @@ impl Buckets {
         self.offsets
             .back()
             .map(|&offset| self.base.saturating_add(i64::from(offset)))
+    }
+
+    /// The newest bucket (the greatest index), if any.
+    fn newest(&self) -> Option<Bucket> {
+        Some(Bucket {
+            index: self.newest_index()?,
+            count: self.counts.back()?,
+        })
+    }
+
+    /// The index of the bucket at position `i` (oldest first).
+    fn index_at(&self, i: usize) -> Option<i64> {
+        self.offsets
+            .get(i)
+            .map(|&offset| self.base.saturating_add(i64::from(offset)))
+    }
+
+    /// Where the buckets cross `t` along `edge` (a function of the index that grows with it,
+    /// such as the ms a bucket leaves the window): the position of the first bucket whose
+    /// `edge(index)` is after `t`, and the sum of the counts from there on. One binary search,
+    /// then a sum over the shorter side (the whole is kept in `total`): under steady traffic
+    /// the buckets that crossed since the last call, not the whole window.
+    fn split_after(&self, t: i128, edge: impl Fn(i64) -> i128) -> (usize, i128) {
+        let (mut lo, mut hi) = (0usize, self.len());
+        while lo < hi {
+            let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
+            match self.index_at(mid) {
+                Some(index) if edge(index) > t => hi = mid,
+                _ => lo = mid.saturating_add(1),
+            }
+        }
+        let len = self.len();
+        let after = len.saturating_sub(lo);
+        let sum = if lo <= after {
+            self.total.saturating_sub(self.counts.sum(0..lo))
+        } else {
+            self.counts.sum(lo..len)
+        };
+        (lo, sum)
     }
 
     /// The buckets by value, oldest first.
@@ -472,18 +542,28 @@ impl Buckets {
         };
         // Nothing below can fail.
         for _ in 0..expired {
+            let dropped = self.counts.front().unwrap_or(0);
+            self.total = self.total.saturating_sub(i128::from(dropped));
             self.offsets.pop_front();
             self.counts.pop_front();
         }
         match add {
             Add::Nothing => {}
-            Add::ToNewest(count) => self.counts.set_back(count),
+            Add::ToNewest(count) => {
+                let was = self.counts.back().unwrap_or(0);
+                self.total = self
+                    .total
+                    .saturating_sub(i128::from(was))
+                    .saturating_add(i128::from(count));
+                self.counts.set_back(count);
+            }
             Add::Push(_) => {
                 if let Some((base, off, count)) = pushed {
                     self.base = base;
                     self.reserve_one(budget);
                     self.offsets.push_back(off);
                     self.counts.push_back(count);
+                    self.total = self.total.saturating_add(i128::from(count));
                 }
             }
         }
@@ -635,7 +715,7 @@ impl Window {
         let now = self.effective_now(now_ms);
         Ok(match self.rebucketed(params.precision_ms)? {
             Some(converted) => decide(converted.iter().copied(), params, now, now_ms, false),
-            None => decide(self.buckets.iter(), params, now, now_ms, false),
+            None => decide_held(&self.buckets, params, now, now_ms, false),
         })
     }
 
@@ -691,7 +771,7 @@ impl Window {
         let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
         match self.rebucketed(params.precision_ms)? {
             Some(converted) => {
-                let plan = plan(converted.iter().copied(), p, h, now, c)?;
+                let plan = plan(Held::converted(&converted), p, h, now, c)?;
                 let kept = converted.iter().copied().skip(plan.expired);
                 let mut buckets = Buckets::from_buckets(kept)?;
                 buckets.advance(0, plan.add, budget)?;
@@ -699,7 +779,13 @@ impl Window {
                 self.buckets = buckets;
             }
             None => {
-                let plan = plan(self.buckets.iter(), p, h, now, c)?;
+                let held = Held {
+                    buckets: self.buckets.iter(),
+                    len: self.buckets.len(),
+                    total: self.buckets.total,
+                    newest: self.buckets.newest(),
+                };
+                let plan = plan(held, p, h, now, c)?;
                 // All or nothing; nothing after it can fail.
                 self.buckets.advance(plan.expired, plan.add, budget)?;
             }
@@ -725,7 +811,7 @@ impl Window {
                 reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
             });
         }
-        Ok(decide(self.buckets.iter(), params, now, now_ms, true))
+        Ok(decide_held(&self.buckets, params, now, now_ms, true))
     }
 
     /// Unix ms at which the newest bucket leaves the horizon: from then on the
@@ -829,6 +915,9 @@ impl Window {
                 .ok_or(WindowError::Corrupt("total cost"))?;
             previous = Some(b.index);
         }
+        if i128::from(total) != self.buckets.total {
+            return Err(WindowError::Corrupt("cached total"));
+        }
         Ok(())
     }
 
@@ -878,7 +967,8 @@ impl Window {
 
 /// Decides from `buckets` (indexed by `params.precision_ms`) at `now`
 /// (normalised), reporting durations from `caller_now`. `recorded`: the call's
-/// cost is already in `buckets`.
+/// cost is already in `buckets`. One pass over all of them (for buckets just converted to a
+/// new precision; held buckets go through [`decide_held`]).
 fn decide<I>(
     buckets: I,
     params: &WindowParams,
@@ -889,21 +979,72 @@ fn decide<I>(
 where
     I: Iterator<Item = Bucket> + Clone,
 {
-    // i128 throughout: sums of i64 values cannot reach its bounds.
-    let now = i128::from(now);
-    let caller_now = i128::from(caller_now);
-    let window = i128::from(params.window_ms);
-    // First instant at which bucket b no longer overlaps the window.
-    let exit_of = |b: Bucket| bucket_last(b.index, params.precision_ms).saturating_add(window);
+    let now128 = i128::from(now);
     let mut counted: i128 = 0;
     let mut last_exit: Option<i128> = None;
     for b in buckets.clone() {
-        let exit = exit_of(b);
-        if exit > now {
+        let exit = exit_of(b.index, params);
+        if exit > now128 {
             counted = counted.saturating_add(i128::from(b.count));
             last_exit = Some(last_exit.map_or(exit, |e| e.max(exit)));
         }
     }
+    conclude(
+        counted, last_exit, buckets, params, now, caller_now, recorded,
+    )
+}
+
+/// [`decide`] over held buckets, which are in increasing index order (kept so, and checked on
+/// load), so those still in the window are the newest ones: a binary search finds the edge and
+/// the count is summed on its shorter side ([`Buckets::split_after`]). A call into a full
+/// 60 s / 1 s window reads a few buckets instead of 61.
+fn decide_held(
+    buckets: &Buckets,
+    params: &WindowParams,
+    now: i64,
+    caller_now: i64,
+    recorded: bool,
+) -> WindowDecision {
+    let (first, counted) = buckets.split_after(i128::from(now), |index| exit_of(index, params));
+    // The newest bucket leaves the window last.
+    let last_exit = (first < buckets.len())
+        .then(|| buckets.newest_index().map(|index| exit_of(index, params)))
+        .flatten();
+    conclude(
+        counted,
+        last_exit,
+        buckets.iter().skip(first),
+        params,
+        now,
+        caller_now,
+        recorded,
+    )
+}
+
+/// First instant at which bucket `index` no longer overlaps `params`' window.
+fn exit_of(index: i64, params: &WindowParams) -> i128 {
+    bucket_last(index, params.precision_ms).saturating_add(i128::from(params.window_ms))
+}
+
+/// The decision from what the window counts at `now`: `counted`, and `last_exit` (when the
+/// newest counted bucket leaves; `None` if nothing is counted). `buckets` (oldest first, those
+/// already out of the window may be left out) are read again only to find when a denied call
+/// would fit.
+fn conclude<I>(
+    counted: i128,
+    last_exit: Option<i128>,
+    buckets: I,
+    params: &WindowParams,
+    now: i64,
+    caller_now: i64,
+    recorded: bool,
+) -> WindowDecision
+where
+    I: Iterator<Item = Bucket>,
+{
+    // i128 throughout: sums of i64 values cannot reach its bounds.
+    let now = i128::from(now);
+    let caller_now = i128::from(caller_now);
     let limit = i128::from(params.limit);
     let cost = i128::from(params.cost);
     let remaining = clamp_i64(limit.saturating_sub(counted).max(0));
@@ -919,7 +1060,7 @@ where
         let mut freed: i128 = 0;
         let mut at = last_exit;
         for b in buckets {
-            let exit = exit_of(b);
+            let exit = exit_of(b.index, params);
             if exit > now {
                 freed = freed.saturating_add(i128::from(b.count));
                 if freed >= excess {
@@ -941,31 +1082,62 @@ where
     }
 }
 
-/// Plans a record at `now` (normalised): drop what left the horizon, add `cost`.
-fn plan<I>(
+/// What a record starts from: the buckets (oldest first), how many, the sum of their counts
+/// and the newest.
+struct Held<I> {
     buckets: I,
+    len: usize,
+    total: i128,
+    newest: Option<Bucket>,
+}
+
+impl<'a> Held<std::iter::Copied<std::slice::Iter<'a, Bucket>>> {
+    /// Buckets just converted to a new precision.
+    fn converted(buckets: &'a [Bucket]) -> Self {
+        Held {
+            buckets: buckets.iter().copied(),
+            len: buckets.len(),
+            total: buckets
+                .iter()
+                .fold(0i128, |t, b| t.saturating_add(i128::from(b.count))),
+            newest: buckets.last().copied(),
+        }
+    }
+}
+
+/// Plans a record at `now` (normalised): drop what left the horizon, add `cost`. Reads only the
+/// buckets that left (the oldest) and the newest.
+fn plan<I>(
+    held: Held<I>,
     precision_ms: i64,
     horizon_ms: i64,
     now: i64,
     cost: i64,
 ) -> Result<Plan, WindowError>
 where
-    I: Iterator<Item = Bucket> + Clone,
+    I: Iterator<Item = Bucket>,
 {
     let now = i128::from(now);
     let horizon = i128::from(horizon_ms);
-    let expired = buckets
-        .clone()
-        .take_while(|b| bucket_last(b.index, precision_ms).saturating_add(horizon) <= now)
-        .count();
+    let mut expired: usize = 0;
+    let mut expired_total: i128 = 0;
+    for b in held.buckets {
+        if bucket_last(b.index, precision_ms).saturating_add(horizon) > now {
+            break;
+        }
+        expired = expired.saturating_add(1);
+        expired_total = expired_total.saturating_add(i128::from(b.count));
+    }
     // Refuse before changing anything if what is held would not fit i64: every
-    // later sum of held counts then fits too. Also finds the newest kept bucket.
-    let (_, newest) = buckets
-        .skip(expired)
-        .try_fold((cost, None), |(total, _), b| {
-            Some((total.checked_add(b.count)?, Some(b)))
-        })
-        .ok_or(WindowError::Overflow)?;
+    // later sum of held counts then fits too.
+    let kept_total = held
+        .total
+        .saturating_sub(expired_total)
+        .saturating_add(i128::from(cost));
+    if i64::try_from(kept_total).is_err() {
+        return Err(WindowError::Overflow);
+    }
+    let newest = held.newest.filter(|_| expired < held.len);
     let current = bucket_of(now, precision_ms)?;
     let add = if cost == 0 {
         Add::Nothing
@@ -1686,6 +1858,36 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The held-bucket decision (a binary search for the window's edge, then a sum on
+        /// its shorter side with the cached total) equals a pass over every bucket, with the
+        /// edge anywhere: before, inside or after the buckets.
+        #[test]
+        fn held_decision_equals_a_full_pass(
+            gaps in prop::collection::vec((1..5i64, 1..6i64), 0..70),
+            window_ms in 4..=80i64,
+            precision_ms in 1..=4i64,
+            now in 0..400i64,
+            limit in 0..60i64,
+            cost in 0..6i64,
+            recorded: bool,
+        ) {
+            let mut index = 0;
+            let pairs: Vec<(i64, i64)> = gaps
+                .iter()
+                .map(|&(gap, count)| {
+                    index += gap;
+                    (index, count)
+                })
+                .collect();
+            let b = held(&pairs);
+            prop_assert_eq!(b.total, pairs.iter().map(|&(_, c)| i128::from(c)).sum::<i128>());
+            let p = params(limit, window_ms, precision_ms, cost);
+            prop_assert_eq!(
+                decide_held(&b, &p, now, now, recorded),
+                decide(b.iter(), &p, now, now, recorded)
+            );
+        }
 
         /// (1) Same decisions as the naive model; (3) retry honoured and exact.
         #[test]
