@@ -31,9 +31,13 @@ build: deps
 release: deps
 	$(CARGO) build --release
 
-## run: Redis in the foreground with the release module and redis.conf.example (PORT=6379).
+## run: Redis in the foreground with the release module and redis.conf.example (PORT=6379),
+## in a fresh temp dir each time (its AOF is not reused: every run starts empty).
 run: release
-	redis-server redis.conf.example --port $(PORT)
+	@dir=$$(mktemp -d -t redis-quota-run.XXXXXX) && \
+	sed 's#^loadmodule \./#loadmodule $(CURDIR)/#' redis.conf.example > $$dir/redis.conf && \
+	echo "make run: a fresh server; its data (AOF) goes to $$dir" && \
+	redis-server $$dir/redis.conf --port $(PORT) --dir $$dir
 
 ## test: everything — unit, property and integration tests (each starts its own redis-server).
 test: build
