@@ -245,7 +245,8 @@ fn run() -> Result<()> {
         } else if !pinned_kinds.is_empty() {
             match server::Pinned::new(&server) {
                 Err(e) => results.pinned_skipped = Some(e.to_string()),
-                Ok(_pinned) => {
+                Ok(pinned) => {
+                    results.pinned_client_cpus = pinned.client_cpus;
                     for pass in 0..cfg.repeat {
                         for &kind in &pinned_kinds {
                             let m = load::measure(&run, kind, PINNED_DEPTH)?;

@@ -22,6 +22,8 @@ pub struct Results {
     pub pinned: Vec<Measure>,
     /// Why they were not run, if they were not.
     pub pinned_skipped: Option<String>,
+    /// How many CPUs the client threads had in those runs.
+    pub pinned_client_cpus: usize,
     pub memory: Option<MemoryResults>,
     pub sweeper: Vec<SweepResult>,
     pub wall: Duration,
@@ -208,7 +210,7 @@ pub fn render(cfg: &Config, r: &Results) -> String {
         );
     }
 
-    s.push_str(&pinned_table(r));
+    s.push_str(&pinned_table(cfg, r));
 
     if let Some(m) = &r.memory {
         let _ = writeln!(s, "### Memory\n");
@@ -315,34 +317,45 @@ fn measure_cells(m: &Measure) -> String {
 }
 
 /// The throughput workloads again with the server on a CPU of its own.
-fn pinned_table(r: &Results) -> String {
+fn pinned_table(cfg: &Config, r: &Results) -> String {
     let mut s = String::new();
     if r.pinned.is_empty() && r.pinned_skipped.is_none() {
         return s;
     }
     let _ = writeln!(s, "### Throughput with the server on its own CPU\n");
-    let _ = writeln!(
-        s,
-        "The same workloads at depth {PINNED_DEPTH}, with the server's threads pinned to one CPU \
-         and the client threads to the others (`taskset`), as when a gateway's clients run on \
-         other hosts. Above, the four client threads share the 2 CPUs with the server and take \
-         CPU time from it; here the server has a CPU to itself, so ops/s is the server's \
-         throughput. Best of the passes, interleaved like the others.\n"
-    );
     if let Some(why) = &r.pinned_skipped {
-        let _ = writeln!(s, "Not run: {why}.\n");
+        let _ = writeln!(
+            s,
+            "The runs at depth {PINNED_DEPTH} with the server on a CPU of its own were not run: \
+             {why}.\n"
+        );
         return s;
     }
     let _ = writeln!(
         s,
-        "| Workload | depth | ops/s | server µs/op | CPU µs/op: server, clients | vs | ops/s ÷ Lua |"
+        "The same workloads at depth {PINNED_DEPTH}, with the server's main thread pinned to one \
+         CPU and the {} client threads to the others (`taskset`), as when a gateway's clients run \
+         on other hosts. Above, the client threads share every CPU with the server and take CPU \
+         time from it; here the server's main thread has a CPU to itself. Clients' CPU use is the \
+         client threads' CPU time per second of the run (of the pass kept), in CPUs: where it nears the CPUs they \
+         have ({}), the row is bound by the clients, and its ops/s is a lower bound of the \
+         server's. Best of the passes, interleaved like the others.\n",
+        cfg.threads,
+        r.pinned_client_cpus,
     );
-    let _ = writeln!(s, "|---|--:|--:|--:|--:|---|--:|");
+    let _ = writeln!(
+        s,
+        "| Workload | depth | ops/s | server µs/op | CPU µs/op: server, clients | clients' CPU use \
+         | vs | ops/s ÷ Lua |"
+    );
+    let _ = writeln!(s, "|---|--:|--:|--:|--:|--:|---|--:|");
     for m in &r.pinned {
         let twin = lua_twin(m.kind).and_then(|k| r.get_pinned(k));
+        // Of the pass kept, like the CPU columns.
+        let clients_busy = m.client_cpu_us as f64 / m.elapsed.as_secs_f64().max(1e-9) / 1e6;
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {clients_busy:.2} | {} | {} |",
             m.kind.name(),
             measure_cells(m),
             twin.map_or("".into(), |t| t.kind.name().to_string()),

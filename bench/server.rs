@@ -217,6 +217,8 @@ pub fn redis_version(con: &mut redis::Connection) -> Result<String> {
 pub struct Pinned {
     server: u32,
     former: String,
+    /// How many CPUs the clients have.
+    pub client_cpus: usize,
 }
 
 impl Pinned {
@@ -236,6 +238,7 @@ impl Pinned {
         let pinned = Pinned {
             server: server.pid(),
             former,
+            client_cpus: rest.len(),
         };
         taskset(&rest.join(","), me, true)?;
         Ok(pinned)
