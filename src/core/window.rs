@@ -714,8 +714,8 @@ impl Window {
         params.validate()?;
         let now = self.effective_now(now_ms);
         Ok(match self.rebucketed(params.precision_ms)? {
-            Some(converted) => decide(converted.iter().copied(), params, now, now_ms, false),
-            None => decide_held(&self.buckets, params, now, now_ms, false),
+            Some(converted) => decide(converted.iter().copied(), &Ask::new(params, now, now_ms)),
+            None => decide_held(&self.buckets, &Ask::new(params, now, now_ms)),
         })
     }
 
@@ -811,7 +811,11 @@ impl Window {
                 reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
             });
         }
-        Ok(decide_held(&self.buckets, params, now, now_ms, true))
+        let ask = Ask {
+            recorded: true,
+            ..Ask::new(params, now, now_ms)
+        };
+        Ok(decide_held(&self.buckets, &ask))
     }
 
     /// Unix ms at which the newest bucket leaves the horizon: from then on the
@@ -965,21 +969,37 @@ impl Window {
     }
 }
 
-/// Decides from `buckets` (indexed by `params.precision_ms`) at `now`
-/// (normalised), reporting durations from `caller_now`. `recorded`: the call's
-/// cost is already in `buckets`. One pass over all of them (for buckets just converted to a
-/// new precision; held buckets go through [`decide_held`]).
-fn decide<I>(
-    buckets: I,
-    params: &WindowParams,
+/// What a decision is asked about.
+struct Ask<'a> {
+    /// Indexes the buckets (`params.precision_ms`).
+    params: &'a WindowParams,
+    /// The call's time, normalised (moved up to the key's latest).
     now: i64,
+    /// The caller's time, which durations are reported from.
     caller_now: i64,
+    /// The call's cost is already in the buckets.
     recorded: bool,
-) -> WindowDecision
+}
+
+impl<'a> Ask<'a> {
+    fn new(params: &'a WindowParams, now: i64, caller_now: i64) -> Self {
+        Ask {
+            params,
+            now,
+            caller_now,
+            recorded: false,
+        }
+    }
+}
+
+/// Decides from `buckets` in one pass over all of them (for buckets just converted to a new
+/// precision; held buckets go through [`decide_held`]).
+fn decide<I>(buckets: I, ask: &Ask<'_>) -> WindowDecision
 where
     I: Iterator<Item = Bucket> + Clone,
 {
-    let now128 = i128::from(now);
+    let params = ask.params;
+    let now128 = i128::from(ask.now);
     let mut counted: i128 = 0;
     let mut last_exit: Option<i128> = None;
     for b in buckets.clone() {
@@ -989,36 +1009,21 @@ where
             last_exit = Some(last_exit.map_or(exit, |e| e.max(exit)));
         }
     }
-    conclude(
-        counted, last_exit, buckets, params, now, caller_now, recorded,
-    )
+    conclude(counted, last_exit, buckets, ask)
 }
 
 /// [`decide`] over held buckets, which are in increasing index order (kept so, and checked on
 /// load), so those still in the window are the newest ones: a binary search finds the edge and
 /// the count is summed on its shorter side ([`Buckets::split_after`]). A call into a full
 /// 60 s / 1 s window reads a few buckets instead of 61.
-fn decide_held(
-    buckets: &Buckets,
-    params: &WindowParams,
-    now: i64,
-    caller_now: i64,
-    recorded: bool,
-) -> WindowDecision {
-    let (first, counted) = buckets.split_after(i128::from(now), |index| exit_of(index, params));
+fn decide_held(buckets: &Buckets, ask: &Ask<'_>) -> WindowDecision {
+    let params = ask.params;
+    let (first, counted) = buckets.split_after(i128::from(ask.now), |index| exit_of(index, params));
     // The newest bucket leaves the window last.
     let last_exit = (first < buckets.len())
         .then(|| buckets.newest_index().map(|index| exit_of(index, params)))
         .flatten();
-    conclude(
-        counted,
-        last_exit,
-        buckets.iter().skip(first),
-        params,
-        now,
-        caller_now,
-        recorded,
-    )
+    conclude(counted, last_exit, buckets.iter().skip(first), ask)
 }
 
 /// First instant at which bucket `index` no longer overlaps `params`' window.
@@ -1030,21 +1035,14 @@ fn exit_of(index: i64, params: &WindowParams) -> i128 {
 /// newest counted bucket leaves; `None` if nothing is counted). `buckets` (oldest first, those
 /// already out of the window may be left out) are read again only to find when a denied call
 /// would fit.
-fn conclude<I>(
-    counted: i128,
-    last_exit: Option<i128>,
-    buckets: I,
-    params: &WindowParams,
-    now: i64,
-    caller_now: i64,
-    recorded: bool,
-) -> WindowDecision
+fn conclude<I>(counted: i128, last_exit: Option<i128>, buckets: I, ask: &Ask<'_>) -> WindowDecision
 where
     I: Iterator<Item = Bucket>,
 {
+    let (params, recorded) = (ask.params, ask.recorded);
     // i128 throughout: sums of i64 values cannot reach its bounds.
-    let now = i128::from(now);
-    let caller_now = i128::from(caller_now);
+    let now = i128::from(ask.now);
+    let caller_now = i128::from(ask.caller_now);
     let limit = i128::from(params.limit);
     let cost = i128::from(params.cost);
     let remaining = clamp_i64(limit.saturating_sub(counted).max(0));
@@ -1884,8 +1882,8 @@ mod tests {
             prop_assert_eq!(b.total, pairs.iter().map(|&(_, c)| i128::from(c)).sum::<i128>());
             let p = params(limit, window_ms, precision_ms, cost);
             prop_assert_eq!(
-                decide_held(&b, &p, now, now, recorded),
-                decide(b.iter(), &p, now, now, recorded)
+                decide_held(&b, &Ask { recorded, ..Ask::new(&p, now, now) }),
+                decide(b.iter(), &Ask { recorded, ..Ask::new(&p, now, now) })
             );
         }
 
