@@ -134,3 +134,73 @@ fn amounts_near_i64_max_never_wrap() {
     assert_eq!((i["used"], i["reserved"], i["available"]), (i64::MAX, 0, 0));
     assert_eq!(err(&mut c, &["QUOTA.CHARGE", "t", "1", "FORCE"]).0, "ERR");
 }
+
+/// A repeated option keeps its last value; each occurrence's sign is checked, the range only
+/// of the value kept (commands.md, Keywords) — QUOTA.WINDOW and QUOTA.PENDING as the budget
+/// commands.
+#[test]
+fn repeated_options_check_each_sign_and_the_kept_range() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    for (args, message) in [
+        (
+            vec!["QUOTA.WINDOW", "w", "10", "1000", "COST", "-1", "COST", "1"],
+            "cost must be non-negative",
+        ),
+        (
+            vec![
+                "QUOTA.WINDOW",
+                "w",
+                "10",
+                "1000",
+                "PRECISION",
+                "0",
+                "PRECISION",
+                "10",
+            ],
+            "precision must be positive",
+        ),
+        (
+            vec![
+                "QUOTA.WINDOW",
+                "w",
+                "10",
+                "1000",
+                "PRECISION",
+                "-1",
+                "PRECISION",
+                "10",
+            ],
+            "precision must be positive",
+        ),
+    ] {
+        let (code, msg) = err(&mut c, &args);
+        assert_eq!(code, "ERR", "{args:?}");
+        assert!(msg.contains(message), "{args:?}: {msg}");
+    }
+    assert_eq!(ok(&mut c, &["EXISTS", "w"]), Value::Int(0));
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.WINDOW", "w", "10", "1000", "COST", "2", "COST", "1"],
+    ));
+    assert_eq!((int(&r[0]), int(&r[1])), (1, 9));
+
+    ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100"]);
+    ok(&mut c, &["QUOTA.RESERVE", "t", "1", "ID", "a"]);
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.PENDING", "t", "COUNT", "10001", "COUNT", "5"],
+    ));
+    assert_eq!(r.len(), 1);
+    for args in [
+        vec!["QUOTA.PENDING", "t", "COUNT", "-1", "COUNT", "5"],
+        vec!["QUOTA.PENDING", "t", "COUNT", "5", "COUNT", "10001"],
+    ] {
+        let (code, msg) = err(&mut c, &args);
+        assert_eq!(code, "ERR", "{args:?}");
+        assert!(
+            msg.contains("COUNT must be between 0 and 10000"),
+            "{args:?}: {msg}"
+        );
+    }
+}

@@ -579,6 +579,12 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
     )
 }
 
+fn pending_count_error() -> RedisError {
+    RedisError::String(format!(
+        "ERR COUNT must be between 0 and {MAX_PENDING_COUNT}"
+    ))
+}
+
 /// `QUOTA.PENDING key [COUNT n] [AT ms]` → `[[id, amount, age_ms, ttl_ms], ...]`.
 pub fn quota_pending(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 1)?;
@@ -588,16 +594,18 @@ pub fn quota_pending(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"COUNT") {
             count = a.next_i64()?;
-            if !(0..=MAX_PENDING_COUNT).contains(&count) {
-                return Err(RedisError::String(format!(
-                    "ERR COUNT must be between 0 and {MAX_PENDING_COUNT}"
-                )));
+            // The sign is checked on every occurrence, the range on the value kept.
+            if count < 0 {
+                return Err(pending_count_error());
             }
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
             return Err(syntax_error(t));
         }
+    }
+    if count > MAX_PENDING_COUNT {
+        return Err(pending_count_error());
     }
     let count = usize::try_from(count).unwrap_or(0);
     let list = with_budget(ctx, key_name, at, |b, now| b.pending(now, count))?.unwrap_or_default();

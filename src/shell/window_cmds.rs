@@ -49,10 +49,20 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
     let (mut cost, mut precision, mut peek, mut at) = (None, None, false, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
+        // Each occurrence's sign is checked (as the budget commands do), the kept value's
+        // range by `WindowParams::parse`.
         if t.eq_ignore_ascii_case(b"COST") {
-            cost = Some(a.next_i64()?);
+            let n = a.next_i64()?;
+            if n < 0 {
+                return Err(window_err(WindowError::NegativeCost));
+            }
+            cost = Some(n);
         } else if t.eq_ignore_ascii_case(b"PRECISION") {
-            precision = Some(a.next_i64()?);
+            let n = a.next_i64()?;
+            if n <= 0 {
+                return Err(window_err(WindowError::PrecisionNotPositive));
+            }
+            precision = Some(n);
         } else if t.eq_ignore_ascii_case(b"PEEK") {
             peek = true;
         } else if t.eq_ignore_ascii_case(b"AT") {
