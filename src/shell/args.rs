@@ -78,7 +78,7 @@ pub fn parse_i64(bytes: &[u8]) -> Result<i64, RedisError> {
 
 /// One pass over the digits (every command parses integers: no UTF-8 check, no second scan).
 /// Accumulates negatively so that `i64::MIN` parses without overflow.
-fn parse_canonical_i64(bytes: &[u8]) -> Option<i64> {
+pub fn parse_canonical_i64(bytes: &[u8]) -> Option<i64> {
     let (negative, digits) = match bytes.strip_prefix(b"-") {
         Some(rest) => (true, rest),
         None => (false, bytes),

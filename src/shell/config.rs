@@ -65,9 +65,8 @@ pub fn check_module_args(args: &[&[u8]]) -> Result<(), String> {
             }
             _ => return Err(format!("unknown config '{}'", shown(name))),
         };
-        let n = std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok());
+        // Canonical spellings only, as `CONFIG SET` takes them (`007`, `+5`, `-0` refused).
+        let n = crate::shell::args::parse_canonical_i64(value);
         match n {
             Some(n) if n >= range.0 && n <= range.1 => {}
             _ => {
@@ -141,6 +140,9 @@ mod tests {
             &["finished-ttl", "-1"],
             &["default-ttl", "1e3"],
             &["default-ttl", " 5"],
+            &["sweep-effort", "007"],
+            &["sweep-effort", "+5"],
+            &["sweep-effort", "-0"],
             &["test-clock", "maybe"],
             &["test-clock", "YES"],
             &["sweep-efort", "5"],
