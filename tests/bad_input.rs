@@ -142,46 +142,29 @@ fn amounts_near_i64_max_never_wrap() {
 fn repeated_options_check_each_sign_and_the_kept_range() {
     let s = Server::start(&[]);
     let mut c = s.conn();
-    for (args, message) in [
+    let refused = |c: &mut redis::Connection, args: &[&str], message: &str| {
+        let (code, msg) = err(c, args);
+        assert_eq!(code, "ERR", "{args:?}");
+        assert!(msg.contains(message), "{args:?}: {msg}");
+    };
+    let window = ["QUOTA.WINDOW", "w", "10", "1000"];
+    for (options, message) in [
+        (["COST", "-1", "COST", "1"], "cost must be non-negative"),
         (
-            vec!["QUOTA.WINDOW", "w", "10", "1000", "COST", "-1", "COST", "1"],
-            "cost must be non-negative",
-        ),
-        (
-            vec![
-                "QUOTA.WINDOW",
-                "w",
-                "10",
-                "1000",
-                "PRECISION",
-                "0",
-                "PRECISION",
-                "10",
-            ],
+            ["PRECISION", "0", "PRECISION", "10"],
             "precision must be positive",
         ),
         (
-            vec![
-                "QUOTA.WINDOW",
-                "w",
-                "10",
-                "1000",
-                "PRECISION",
-                "-1",
-                "PRECISION",
-                "10",
-            ],
+            ["PRECISION", "-1", "PRECISION", "10"],
             "precision must be positive",
         ),
     ] {
-        let (code, msg) = err(&mut c, &args);
-        assert_eq!(code, "ERR", "{args:?}");
-        assert!(msg.contains(message), "{args:?}: {msg}");
+        refused(&mut c, &[&window[..], &options[..]].concat(), message);
     }
     assert_eq!(ok(&mut c, &["EXISTS", "w"]), Value::Int(0));
     let r = items(&ok(
         &mut c,
-        &["QUOTA.WINDOW", "w", "10", "1000", "COST", "2", "COST", "1"],
+        &[&window[..], &["COST", "2", "COST", "1"]].concat(),
     ));
     assert_eq!((int(&r[0]), int(&r[1])), (1, 9));
 
@@ -192,15 +175,8 @@ fn repeated_options_check_each_sign_and_the_kept_range() {
         &["QUOTA.PENDING", "t", "COUNT", "10001", "COUNT", "5"],
     ));
     assert_eq!(r.len(), 1);
-    for args in [
-        vec!["QUOTA.PENDING", "t", "COUNT", "-1", "COUNT", "5"],
-        vec!["QUOTA.PENDING", "t", "COUNT", "5", "COUNT", "10001"],
-    ] {
-        let (code, msg) = err(&mut c, &args);
-        assert_eq!(code, "ERR", "{args:?}");
-        assert!(
-            msg.contains("COUNT must be between 0 and 10000"),
-            "{args:?}: {msg}"
-        );
+    for counts in [["-1", "5"], ["5", "10001"]] {
+        let args = ["QUOTA.PENDING", "t", "COUNT", counts[0], "COUNT", counts[1]];
+        refused(&mut c, &args, "COUNT must be between 0 and 10000");
     }
 }
