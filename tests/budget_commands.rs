@@ -47,6 +47,30 @@ fn set_info_reserve_settle_round_trip() {
     assert_eq!(ok(&mut c, &["QUOTA.INFO", "missing"]), Value::Nil);
 }
 
+/// A QUOTA.SET that changes nothing (no options, or the values the key has) writes nothing to
+/// the AOF (nor, so, to the replication stream); one that changes a value does.
+#[test]
+fn set_with_nothing_to_change_writes_nothing() {
+    let s = Server::start(&["--appendonly", "yes"]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "k", "LIMIT", "10", "TTL", "5000"]);
+    let aof = |c: &mut redis::Connection| info_section(c, "persistence")["aof_current_size"];
+    let before = aof(&mut c);
+    assert!(before > 0);
+    assert_eq!(int(&ok(&mut c, &["QUOTA.SET", "k"])), 0);
+    assert_eq!(
+        int(&ok(
+            &mut c,
+            &["QUOTA.SET", "k", "LIMIT", "10", "TTL", "5000"]
+        )),
+        0
+    );
+    assert_eq!(aof(&mut c), before);
+    assert_eq!(int(&ok(&mut c, &["QUOTA.SET", "k", "LIMIT", "11"])), 0);
+    assert!(aof(&mut c) > before);
+    assert_eq!(info(&mut c, "k")["limit"], 11);
+}
+
 #[test]
 fn set_options_nx_xx_used_overdraft_maxreserve_ttl() {
     let s = Server::start(&[]);

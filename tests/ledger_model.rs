@@ -412,15 +412,16 @@ impl Model {
                     return pred_err(ErrKind::Invalid);
                 }
                 let u = new_used.map_or(used, i128::from);
-                self.unless_overflow(
-                    u + phys,
-                    u + live,
-                    Reply::Configured,
+                // Nothing to change: no effect (nothing replicated).
+                let change = if *s == self.settings && u == used {
+                    Change::None
+                } else {
                     Change::Configure {
                         settings: *s,
                         used: i64::try_from(u).unwrap(),
-                    },
-                )
+                    }
+                };
+                self.unless_overflow(u + phys, u + live, Reply::Configured, change)
             }
             Cmd::Reserve { amount, id, ttl } => {
                 let amount = *amount;
@@ -1891,11 +1892,11 @@ fn overflow_is_an_error_and_changes_nothing() {
     b.check_invariants().unwrap();
 }
 
-/// KNOWN ISSUE (reported, not fixed): the overflow guards in `plan_reserve`, `plan_settle`,
-/// `plan_charge` and `plan_configure` add the *physical* `reserved`, which still counts expired
-/// reservations no write has released yet. Near i64::MAX the same command is then granted on a
+/// Regression (fixed): the overflow guards in `plan_reserve`, `plan_settle`, `plan_charge` and
+/// `plan_configure` used to add the *physical* `reserved`, which still counts expired
+/// reservations no write has released yet. Near i64::MAX the same command was then granted on a
 /// key that happened to get a cleanup write and refused with an overflow error on one that did
-/// not, contrary to "decisions use the logical view". Run with `--ignored` to see it.
+/// not, contrary to "decisions use the logical view".
 #[test]
 fn regression_overflow_depends_on_unreleased_expiries() {
     let p = policy(1000);
@@ -1915,13 +1916,12 @@ fn regression_overflow_depends_on_unreleased_expiries() {
     assert_eq!(lazy.view(T0 + 10), eager.view(T0 + 10));
     let cmd = reserve(1, "x");
     assert_eq!(plan(&eager, T0 + 10, &p, &cmd).0, Reply::Granted(id("x")));
-    // Fails: Err(Overflow).
     assert_eq!(plan(&lazy, T0 + 10, &p, &cmd).0, Reply::Granted(id("x")));
 }
 
-/// KNOWN ISSUE (reported): `plan_configure` accepts a negative `used` and returns a plan whose
-/// Configure effect `apply` then rejects, so the master would fail half-way. The shell rejects
-/// negative USED before calling the core, so this is a core-API contract gap only.
+/// Regression (fixed): `plan_configure` accepted a negative `used` and returned a plan whose
+/// Configure effect `apply` then rejects, so the master would fail half-way (the shell refuses
+/// a negative USED first: a core-API contract gap only).
 #[test]
 fn regression_configure_negative_used() {
     let p = policy(1000);
@@ -1930,9 +1930,9 @@ fn regression_configure_negative_used() {
     assert!(r.is_err(), "planned {r:?}");
 }
 
-/// KNOWN ISSUE (reported): CHARGE ids do not raise `last_id`, so stream-style charge ids that
-/// are still remembered make `next_id` probe; 16 of them in a row exhaust its bounded loop and
-/// an id-less RESERVE fails with "could not generate a fresh id".
+/// Regression (fixed): CHARGE ids did not raise `last_id`, so stream-style charge ids that
+/// were still remembered made `next_id` probe; 16 of them in a row exhausted its bounded loop
+/// and an id-less RESERVE failed with "could not generate a fresh id".
 #[test]
 fn regression_charge_ids_block_generated_ids() {
     let p = policy(1000);
@@ -1954,8 +1954,8 @@ fn regression_charge_ids_block_generated_ids() {
     assert!(matches!(r, Reply::Granted(_)), "{r:?}");
 }
 
-/// KNOWN ISSUE (reported): a client-chosen id `u64::MAX-u64::MAX` raises `last_id` to the top,
-/// after which every id-less RESERVE on the key fails with an overflow error, forever (last_id
+/// Regression (fixed): a client-chosen id `u64::MAX-u64::MAX` raised `last_id` to the top,
+/// after which every id-less RESERVE on the key failed with an overflow error, forever (last_id
 /// survives the id being forgotten and QUOTA.SET).
 #[test]
 fn regression_max_stream_id_poisons_generation() {
@@ -1999,8 +1999,8 @@ fn regression_max_sequence_at_now_moves_to_next_ms() {
     assert!(matches!(&r, Reply::Granted(id) if *id == want), "{r:?}");
 }
 
-/// KNOWN ISSUE (reported): at `now == i64::MAX`, `Budget::pending` (through
-/// `Book::live_after(now)`, whose `now + 1` saturates) lists a reservation whose deadline is
+/// Regression (fixed): at `now == i64::MAX`, `Budget::pending` (through
+/// `Book::live_after(now)`, whose `now + 1` saturates) listed a reservation whose deadline is
 /// exactly i64::MAX although it has expired (`now >= deadline`): view and id_state agree it is
 /// not pending.
 #[test]
@@ -2033,4 +2033,45 @@ fn grant_with_deadline_not_after_its_time_is_refused() {
         assert!(b.apply(T0, &grant).is_err());
         assert_eq!(b, before);
     }
+}
+
+/// QUOTA.SET with nothing to change (no options, or the values the key already has) plans no
+/// Configure effect, so nothing is replicated or published; a change plans one.
+#[test]
+fn configure_with_nothing_to_change_plans_no_effect() {
+    let p = policy(1000);
+    let mut b = Budget::new(settings(100, 0, 10), T0);
+    exec(&mut b, T0, &p, &reserve(5, "a"));
+    let same = b
+        .plan_configure(T0 + 1, &p, *b.settings(), None, None)
+        .unwrap();
+    assert_eq!(same.effects, Vec::new());
+    let same_used = b
+        .plan_configure(T0 + 1, &p, *b.settings(), Some(0), None)
+        .unwrap();
+    assert_eq!(same_used.effects, Vec::new());
+    let more_used = b
+        .plan_configure(T0 + 1, &p, *b.settings(), Some(1), None)
+        .unwrap();
+    assert!(
+        matches!(
+            more_used.effects.as_slice(),
+            [Effect::Configure { used: 1, .. }]
+        ),
+        "{more_used:?}"
+    );
+    let higher = b
+        .plan_configure(T0 + 1, &p, settings(200, 0, 10), None, None)
+        .unwrap();
+    assert!(
+        matches!(higher.effects.as_slice(), [Effect::Configure { .. }]),
+        "{higher:?}"
+    );
+    // Like any command that changes nothing, it writes no cleanup either (an expired
+    // reservation stays for the next write or the sweeper).
+    let late = b
+        .plan_configure(T0 + 1_000_000, &p, *b.settings(), None, None)
+        .unwrap();
+    assert_eq!(late.effects, Vec::new());
+    assert_eq!(b.view(T0 + 1_000_000).pending, 0);
 }

@@ -663,6 +663,18 @@ impl Budget {
                 .bounds(now)
                 .map_err(|e| LedgerError::Period(e.to_string()))?
         };
+        // Nothing to change (e.g. `QUOTA.SET key` with no options): no effects, as for any
+        // command that changes nothing, so nothing is replicated, written or published.
+        if settings == self.settings
+            && used == self.used
+            && period == self.period
+            && bounds == self.period_bounds
+        {
+            return Ok(Plan {
+                effects: Vec::new(),
+                reply: (),
+            });
+        }
         let configure = Effect::Configure {
             settings,
             used,
