@@ -35,8 +35,9 @@ release: deps
 ## in a fresh temp dir each time (its AOF is not reused: every run starts empty).
 run: release
 	@dir=$$(mktemp -d -t redis-quota-run.XXXXXX) && \
+	trap 'rm -rf "$$dir"' EXIT && trap 'exit 130' INT TERM && \
 	sed 's#^loadmodule \./#loadmodule $(CURDIR)/#' redis.conf.example > $$dir/redis.conf && \
-	echo "make run: a fresh server; its data (AOF) goes to $$dir" && \
+	echo "make run: a fresh server; its data (AOF) goes to $$dir, removed when it stops" && \
 	redis-server $$dir/redis.conf --port $(PORT) --dir $$dir
 
 ## test: everything — unit, property and integration tests (each starts its own redis-server).
