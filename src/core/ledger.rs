@@ -26,6 +26,7 @@ use crate::core::book::{Book, Entry, Finished, Id, Outcome, Reservation};
 use crate::core::error::LedgerError;
 use crate::core::id::StreamId;
 use crate::core::period::Period;
+use smallvec::smallvec;
 
 /// Default reservation TTL for a new key: 1 hour.
 pub const DEFAULT_TTL_MS: i64 = 3_600_000;
@@ -107,10 +108,14 @@ pub enum Effect {
     Forget { id: Id },
 }
 
+/// A plan's effects, in order. Most commands make one (a grant, a settle, ...) and no cleanup:
+/// kept inline, so the common write allocates nothing for them.
+pub type Effects = smallvec::SmallVec<[Effect; 1]>;
+
 /// What a plan replies, besides the effects it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan<R> {
-    pub effects: Vec<Effect>,
+    pub effects: Effects,
     pub reply: R,
 }
 
@@ -414,7 +419,7 @@ impl Budget {
 
     /// Effects that bring `id`'s physical entry in line with its logical state (release an
     /// expired reservation, forget a stale id) before a command acts on it.
-    fn prepare_id(&self, id: &[u8], now: i64, keep_ms: i64, effects: &mut Vec<Effect>) {
+    fn prepare_id(&self, id: &[u8], now: i64, keep_ms: i64, effects: &mut Effects) {
         let (release, forget) = match self.book.get(id) {
             None => (false, false),
             Some(Entry::Pending(r)) => (
@@ -438,13 +443,13 @@ impl Budget {
     /// Bounded cleanup that rides along with a write: release expired reservations and forget
     /// stale finished ids, at most [`MAINTENANCE_BATCH`] of each, skipping `skip` (already
     /// prepared by the command).
-    pub fn maintenance(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>) -> Vec<Effect> {
+    pub fn maintenance(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>) -> Effects {
         self.cleanup(now, keep_ms, skip, MAINTENANCE_BATCH)
     }
 
     /// The active sweeper's work on this key: release up to `max` expired reservations and
     /// forget up to `max` stale ids, soonest first.
-    pub fn plan_sweep(&self, now: i64, keep_ms: i64, max: usize) -> Vec<Effect> {
+    pub fn plan_sweep(&self, now: i64, keep_ms: i64, max: usize) -> Effects {
         self.cleanup(now, keep_ms, None, max)
     }
 
@@ -459,8 +464,8 @@ impl Budget {
         }
     }
 
-    fn cleanup(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>, max: usize) -> Vec<Effect> {
-        let mut effects = Vec::new();
+    fn cleanup(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>, max: usize) -> Effects {
+        let mut effects = Effects::new();
         self.cleanup_into(now, keep_ms, skip, max, &mut effects);
         effects
     }
@@ -472,7 +477,7 @@ impl Budget {
         keep_ms: i64,
         skip: Option<&[u8]>,
         max: usize,
-        effects: &mut Vec<Effect>,
+        effects: &mut Effects,
     ) {
         // The iterators are only made when something is due (making one costs a descent).
         let releases = self.book.first_deadline().is_some_and(|d| d <= now);
@@ -547,8 +552,8 @@ impl Budget {
         keep_ms: i64,
         id: Option<&[u8]>,
         full: bool,
-        command: Vec<Effect>,
-    ) -> Vec<Effect> {
+        command: Effects,
+    ) -> Effects {
         self.upkeep(now, keep_ms, id, id, full, command)
     }
 
@@ -561,10 +566,10 @@ impl Budget {
         prepare: Option<&[u8]>,
         skip: Option<&[u8]>,
         full: bool,
-        command: Vec<Effect>,
-    ) -> Vec<Effect> {
+        command: Effects,
+    ) -> Effects {
         // Usually nothing comes before the command's own effects: no new vector then.
-        let mut effects = Vec::new();
+        let mut effects = Effects::new();
         if self.period_ended(now) {
             if let Ok(Some((start_ms, end_ms))) = self.current_bounds(now) {
                 effects.push(Effect::Reset { start_ms, end_ms });
@@ -671,7 +676,7 @@ impl Budget {
             && bounds == self.period_bounds
         {
             return Ok(Plan {
-                effects: Vec::new(),
+                effects: Effects::new(),
                 reply: (),
             });
         }
@@ -682,8 +687,8 @@ impl Budget {
             bounds,
         };
         // The configure effect sets used and bounds itself: no separate reset.
-        let mut effects: Vec<Effect> = self
-            .with_upkeep(now, policy.keep_ms, None, full, Vec::new())
+        let mut effects: Effects = self
+            .with_upkeep(now, policy.keep_ms, None, full, Effects::new())
             .into_iter()
             .filter(|e| !matches!(e, Effect::Reset { .. }))
             .collect();
@@ -711,7 +716,7 @@ impl Budget {
                 IdState::Unknown => {}
                 IdState::Pending(r) if r.amount == amount => {
                     return Ok(Plan {
-                        effects: Vec::new(),
+                        effects: Effects::new(),
                         reply: ReserveReply::Retried {
                             id: Id::from_slice(id),
                         },
@@ -740,7 +745,7 @@ impl Budget {
         let view = self.view(now);
         if !Self::fits(&view, amount) {
             return Ok(Plan {
-                effects: Vec::new(),
+                effects: Effects::new(),
                 reply: ReserveReply::Denied,
             });
         }
@@ -766,7 +771,7 @@ impl Budget {
             None => (self.next_id(now)?, false),
         };
         let grant = Effect::Grant {
-            id: id.clone(),
+            id: Id::from_slice(&id), // a memcpy; `clone` copies byte by byte
             amount,
             deadline_ms,
         };
@@ -776,7 +781,7 @@ impl Budget {
             prepare.then_some(&id[..]),
             Some(&id),
             full,
-            vec![grant],
+            smallvec![grant],
         );
         Ok(Plan {
             effects,
@@ -826,7 +831,7 @@ impl Budget {
             }
             IdState::Done(Outcome::Settled { actual: a, .. }) if a == actual => {
                 return Ok(Plan {
-                    effects: Vec::new(),
+                    effects: Effects::new(),
                     reply: (SettleStatus::Duplicate, a),
                 })
             }
@@ -845,7 +850,7 @@ impl Budget {
             prepare.then_some(id),
             Some(id),
             full,
-            vec![effect],
+            smallvec![effect],
         );
         Ok(Plan {
             effects,
@@ -865,19 +870,21 @@ impl Budget {
             IdState::Pending(r) => (
                 RollbackStatus::RolledBack,
                 r.amount,
-                vec![Effect::Rollback {
+                smallvec![Effect::Rollback {
                     id: Id::from_slice(id),
                 }],
             ),
-            IdState::Expired { .. } => (RollbackStatus::Expired, 0, Vec::new()),
-            IdState::Done(Outcome::RolledBack { .. }) => (RollbackStatus::Duplicate, 0, Vec::new()),
+            IdState::Expired { .. } => (RollbackStatus::Expired, 0, Effects::new()),
+            IdState::Done(Outcome::RolledBack { .. }) => {
+                (RollbackStatus::Duplicate, 0, Effects::new())
+            }
             IdState::Done(o) => {
                 return Err(conflict(id, o.state_name(), "a rollback never un-charges"))
             }
         };
         // An expired or duplicate rollback only writes the pending cleanup of its own id.
         let effects = if command.is_empty() {
-            let mut e = Vec::new();
+            let mut e = Effects::new();
             self.prepare_id(id, now, policy.keep_ms, &mut e);
             e
         } else {
@@ -916,7 +923,7 @@ impl Budget {
                     None,
                     Some(id),
                     false,
-                    vec![Effect::Extend {
+                    smallvec![Effect::Extend {
                         id: Id::from_slice(id),
                         deadline_ms,
                     }],
@@ -951,7 +958,7 @@ impl Budget {
                 IdState::Unknown => {}
                 IdState::Done(Outcome::Charged { amount: a }) if a == amount => {
                     return Ok(Plan {
-                        effects: Vec::new(),
+                        effects: Effects::new(),
                         reply: true,
                     })
                 }
@@ -979,7 +986,7 @@ impl Budget {
         let view = self.view(now);
         if !force && !Self::fits(&view, amount) {
             return Ok(Plan {
-                effects: Vec::new(),
+                effects: Effects::new(),
                 reply: false,
             });
         }
@@ -993,7 +1000,7 @@ impl Budget {
         };
         // An id not in the book needs no preparation.
         let prepare = id.filter(|_| present);
-        let effects = self.upkeep(now, policy.keep_ms, prepare, id, full, vec![charge]);
+        let effects = self.upkeep(now, policy.keep_ms, prepare, id, full, smallvec![charge]);
         Ok(Plan {
             effects,
             reply: true,

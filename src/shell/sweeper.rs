@@ -268,7 +268,7 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
             }
             effects
         }
-        _ => Vec::new(),
+        _ => Default::default(),
     };
     if effects.is_empty() {
         key.unchanged();
