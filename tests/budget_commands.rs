@@ -48,7 +48,8 @@ fn set_info_reserve_settle_round_trip() {
 }
 
 /// A QUOTA.SET that changes nothing (no options, or the values the key has) writes nothing to
-/// the AOF (nor, so, to the replication stream); one that changes a value does.
+/// the AOF (nor, so, to the replication stream) and does not touch the key for WATCH; one that
+/// changes a value does.
 #[test]
 fn set_with_nothing_to_change_writes_nothing() {
     let s = Server::start(&["--appendonly", "yes"]);
@@ -66,6 +67,10 @@ fn set_with_nothing_to_change_writes_nothing() {
         0
     );
     assert_eq!(aof(&mut c), before);
+    // Nor does it touch the key for WATCH.
+    assert!(untouched(&mut c, "k", |c| {
+        ok(c, &["QUOTA.SET", "k", "LIMIT", "10"]);
+    }));
     assert_eq!(int(&ok(&mut c, &["QUOTA.SET", "k", "LIMIT", "11"])), 0);
     assert!(aof(&mut c) > before);
     assert_eq!(info(&mut c, "k")["limit"], 11);
