@@ -498,6 +498,11 @@ fn keyspace_events_arrive_in_order() {
         ],
         vec!["QUOTA.CHARGE", "ev", "1", "AT", "30"],
         vec!["QUOTA.CHARGE", "ev", "1", "AT", "3600000"],
+        // A SET that is the first write after a boundary resets first, like any write.
+        vec!["QUOTA.SET", "ev", "LIMIT", "12", "AT", "7200000"],
+        // A SET that changes nothing publishes nothing.
+        vec!["QUOTA.SET", "ev", "LIMIT", "12", "AT", "7200001"],
+        vec!["QUOTA.CHARGE", "ev", "1", "AT", "7200002"],
     ];
     for cmd in &script {
         ok(&mut c, cmd);
@@ -514,6 +519,9 @@ fn keyspace_events_arrive_in_order() {
         "quota.expire",
         "quota.charge",
         "quota.reset",
+        "quota.charge",
+        "quota.reset",
+        "quota.set",
         "quota.charge",
     ];
     let mut got = Vec::new();

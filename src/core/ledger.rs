@@ -686,13 +686,10 @@ impl Budget {
             period,
             bounds,
         };
-        // The configure effect sets used and bounds itself: no separate reset.
-        let mut effects: Effects = self
-            .with_upkeep(now, policy.keep_ms, None, full, Effects::new())
-            .into_iter()
-            .filter(|e| !matches!(e, Effect::Reset { .. }))
-            .collect();
-        effects.push(configure);
+        // The first write after a boundary resets first, as every write does (the configure
+        // effect would set used and bounds by itself, but the reset is what replicas, the AOF
+        // and `quota.reset` subscribers see for every other write).
+        let effects = self.with_upkeep(now, policy.keep_ms, None, full, smallvec![configure]);
         Ok(Plan { effects, reply: () })
     }
 
