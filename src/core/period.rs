@@ -406,6 +406,21 @@ fn clock_bounds(
     Some((start, end))
 }
 
+/// `anchor` moved by whole 400-year Gregorian cycles to within 400 years of `local`. A cycle is
+/// 4 800 months, 146 097 days and exactly 20 871 weeks, with the same leap years, so every
+/// `anchor + k units` boundary stays where it was; the step count `k` then stays far inside
+/// jiff's span limits (±19 998 years: an anchor in year -9999 could not reach year 9999).
+fn nearer_by_cycles(anchor: DateTime, local: DateTime) -> DateTime {
+    // Years are within -9999..=9999: none of this can overflow (checked all the same).
+    i64::from(local.year())
+        .checked_sub(i64::from(anchor.year()))
+        .and_then(|d| d.checked_div(400))
+        .and_then(|cycles| cycles.checked_mul(400))
+        .and_then(|years| Span::new().try_years(years).ok())
+        .and_then(|s| anchor.checked_add(s).ok())
+        .unwrap_or(anchor)
+}
+
 /// `DAY`/`WEEK`/`MONTH`: boundary `k` is the civil date-time
 /// `anchor + k units`, resolved in `tz` with compatible disambiguation.
 /// Boundaries are non-decreasing in `k`, so search for the `k` whose
@@ -416,7 +431,8 @@ fn calendar_bounds(
     anchor: Option<DateTime>,
     t: Timestamp,
 ) -> Option<(Timestamp, Timestamp)> {
-    let anchor = anchor.unwrap_or(UNANCHORED);
+    let local = tz.to_datetime(t);
+    let anchor = nearer_by_cycles(anchor.unwrap_or(UNANCHORED), local);
     let boundary = |k: i64| -> Option<Timestamp> {
         let span = match unit {
             Unit::Day => Span::new().try_days(k),
@@ -427,7 +443,6 @@ fn calendar_bounds(
         let civil = anchor.checked_add(span).ok()?;
         tz.to_ambiguous_timestamp(civil).compatible().ok()
     };
-    let local = tz.to_datetime(t);
     let distance = anchor.until((unit, local)).ok()?;
     let mut k = i64::from(match unit {
         Unit::Day => distance.get_days(),
@@ -1021,6 +1036,50 @@ mod tests {
             "2023-12-31T00:00Z",
             "2024-01-31T00:00Z",
         );
+    }
+
+    /// An anchor near one end of the supported years still gives periods near the other end
+    /// (the step count from the anchor used to exceed jiff's span limit: a MONTH anchored in
+    /// year -9999 failed from 9999-01-02 on; found by a review helper).
+    #[test]
+    fn anchors_at_one_end_of_the_range_reach_the_other() {
+        let p = period(PeriodKind::Month, "UTC", Some("-009998-01-31T00:00Z"));
+        expect(
+            &p,
+            "9999-03-15T00:00Z",
+            "9999-02-28T00:00Z",
+            "9999-03-31T00:00Z",
+        );
+        let p = period(PeriodKind::Month, "UTC", Some("-009996-02-29T12:00Z"));
+        expect(
+            &p,
+            "9996-02-29T13:00Z",
+            "9996-02-29T12:00Z",
+            "9996-03-29T12:00Z",
+        );
+        expect(
+            &p,
+            "9997-02-28T13:00Z",
+            "9997-02-28T12:00Z",
+            "9997-03-29T12:00Z",
+        );
+        // 2024-01-01 is a Monday, and so is the same date 30 cycles (12 000 years) before.
+        let anchored = period(PeriodKind::Week, "UTC", Some("-009976-01-01T00:00Z"));
+        let iso = period(PeriodKind::Week, "UTC", None);
+        for t in [
+            "9999-12-20T00:00Z",
+            "9999-06-01T05:00Z",
+            "-009999-02-01T00:00Z",
+        ] {
+            assert_eq!(bounds(&anchored, t), bounds(&iso, t), "at {t}");
+        }
+        // The extremes the commands accept: the lowest ANCHOR, a time in 9999.
+        let p = Period::new(PeriodKind::Month, b"UTC", Some(-377_705_023_200_000)).unwrap();
+        for kind in [PeriodKind::Day, PeriodKind::Week, PeriodKind::Month] {
+            let p = Period { kind, ..p.clone() };
+            let (start, end) = p.bounds(253_397_030_400_000).unwrap().unwrap();
+            assert!(start <= 253_397_030_400_000 && 253_397_030_400_000 < end);
+        }
     }
 
     #[test]
