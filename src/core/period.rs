@@ -1511,5 +1511,30 @@ mod tests {
             let anchored = Period::new(kind, zone.as_bytes(), Some(ms(&midnight))).unwrap();
             prop_assert_eq!(plain.bounds(t).unwrap(), anchored.bounds(t).unwrap());
         }
+
+        #[test]
+        fn anchors_whole_400_year_cycles_apart_agree(
+            t in 0..YEAR_2200_MS,
+            kind in proptest::sample::select(&[PeriodKind::Day, PeriodKind::Week, PeriodKind::Month][..]),
+            zone in proptest::sample::select(&["UTC", "+08:00", "-03:30"][..]),
+            year in 1900i16..2100,
+            month in 1i8..=12,
+            day in 1i8..=31,
+            hour in 0i8..24,
+            cycles in -29i16..=19,
+        ) {
+            // The same local anchor fields in a fixed zone, `cycles` × 400 years apart: the
+            // Gregorian calendar repeats, so the periods are the same.
+            let Ok(near) = jiff::civil::date(year, month, 1).at(hour, 0, 0, 0).with().day(day).build()
+            else {
+                return Ok(()); // no such day in that month
+            };
+            let far = near.with().year(year + cycles * 400).build().unwrap();
+            let (tz, _) = resolve_zone(zone.as_bytes()).unwrap();
+            let anchor_ms = |d: DateTime| tz.to_timestamp(d).unwrap().as_millisecond();
+            let a = Period::new(kind, zone.as_bytes(), Some(anchor_ms(near))).unwrap();
+            let b = Period::new(kind, zone.as_bytes(), Some(anchor_ms(far))).unwrap();
+            prop_assert_eq!(a.bounds(t).unwrap(), b.bounds(t).unwrap(), "{:?} vs {:?}", near, far);
+        }
     }
 }
