@@ -645,6 +645,8 @@ impl Budget {
     /// QUOTA.SET on an existing key. `used` overwrites used when given. A changed period takes
     /// effect at once: the period containing `now` under the new rule begins, and the `used`
     /// counted so far is carried into it (nothing is forgiven by changing the calendar).
+    /// Effects: the write's upkeep (a `Reset` after a boundary, cleanup) then one `Configure`;
+    /// none at all when nothing would change.
     pub fn plan_configure(
         &self,
         now: i64,
