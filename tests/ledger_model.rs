@@ -37,7 +37,7 @@ use redis_quota::core::ledger::{
     Budget, Effect, IdState, Plan, Policy, ReserveReply, RollbackStatus, Settings, SettleStatus,
     View,
 };
-use redis_quota::core::period::Period;
+use redis_quota::core::period::{Period, PeriodKind};
 
 const T0: i64 = 1_700_000_000_000;
 const MAX: i128 = i64::MAX as i128;
@@ -2066,6 +2066,36 @@ fn configure_with_nothing_to_change_plans_no_effect() {
     assert!(
         matches!(higher.effects.as_slice(), [Effect::Configure { .. }]),
         "{higher:?}"
+    );
+    // Just after a period boundary too: the reset is logical, and stays unwritten.
+    let mut hourly = Budget::new(settings(100, 0, 10), T0);
+    let hour = Period::new(PeriodKind::Hour, b"UTC", None).unwrap();
+    let set = hourly
+        .plan_configure(T0, &p, *hourly.settings(), Some(7), Some(hour))
+        .unwrap();
+    for e in &set.effects {
+        hourly.apply(T0, e).unwrap();
+    }
+    assert_eq!(hourly.view(T0).used, 7);
+    let later = T0 + 3_600_000;
+    assert_eq!(hourly.view(later).used, 0);
+    let noop = hourly
+        .plan_configure(later, &p, *hourly.settings(), None, None)
+        .unwrap();
+    assert!(noop.effects.is_empty(), "{noop:?}");
+    let zero = hourly
+        .plan_configure(later, &p, *hourly.settings(), Some(0), None)
+        .unwrap();
+    assert!(zero.effects.is_empty(), "{zero:?}");
+    let seven = hourly
+        .plan_configure(later, &p, *hourly.settings(), Some(7), None)
+        .unwrap();
+    assert!(
+        matches!(
+            seven.effects.as_slice(),
+            [Effect::Reset { .. }, Effect::Configure { used: 7, .. }]
+        ),
+        "{seven:?}"
     );
     // Like any command that changes nothing, it writes no cleanup either (an expired
     // reservation stays for the next write or the sweeper).

@@ -670,13 +670,11 @@ impl Budget {
                 .bounds(now)
                 .map_err(|e| LedgerError::Period(e.to_string()))?
         };
-        // Nothing to change (e.g. `QUOTA.SET key` with no options): no effects, as for any
-        // command that changes nothing, so nothing is replicated, written or published.
-        if settings == self.settings
-            && used == self.used
-            && period == self.period
-            && bounds == self.period_bounds
-        {
+        // Nothing to change as a read sees it (e.g. `QUOTA.SET key` with no options, also just
+        // after a boundary, where the reset is still only logical): no effects, as for any
+        // command that changes nothing, so nothing is replicated, written or published. The
+        // bounds then are the current ones (same period rule).
+        if settings == self.settings && used == view.used && period == self.period {
             return Ok(Plan {
                 effects: Effects::new(),
                 reply: (),
