@@ -344,3 +344,53 @@ fn multi_argument_effects_of_earlier_versions_still_load() {
         [1, 5, 0, 59999]
     );
 }
+
+/// Forged AOF lines a master never writes are refused and change nothing: an effect with an
+/// empty or over-long id, a window call at a time outside the supported range. The valid lines
+/// around them load.
+#[test]
+fn forged_effects_in_an_aof_are_refused() {
+    let resp = |args: &[&[u8]]| {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    };
+    let long = format!(
+        "1893456000000 GRANT 70000:{} 1 1893456060000",
+        "x".repeat(70_000)
+    );
+    let mut aof = Vec::new();
+    for line in [
+        &[
+            &b"QUOTA.APPLY"[..],
+            b"k",
+            b"1893456000000 CONFIG 10 0 0 -1 60000 NONE 3:UTC - - -",
+        ][..],
+        &[b"QUOTA.APPLY", b"k", b"1893456000000 CHARGEID 1 0 0:"],
+        &[b"QUOTA.APPLY", b"k", long.as_bytes()],
+        &[
+            b"QUOTA.APPLY",
+            b"k",
+            b"1893456000000 GRANT 1:a 2 1893456060000",
+        ],
+        &[
+            b"QUOTA.WAPPLY",
+            b"w",
+            b"9223372036854775807 1000 100 1 4102444800000",
+        ],
+        &[b"QUOTA.WAPPLY", b"w", b"-5 1000 100 1 4102444800000"],
+    ] {
+        aof.extend(resp(line));
+    }
+    let args = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
+    let mods = ["test-clock", "yes", "sweep-effort", "0"];
+    let s = Server::start_with_files(&args, &mods, &[("appendonly.aof", &aof)]);
+    let mut c = s.conn();
+    assert_eq!(keys(&mut c), ["k"]);
+    let i = info(&mut c, "k");
+    assert_eq!((i["used"], i["reserved"], i["pending"]), (0, 2, 1));
+}

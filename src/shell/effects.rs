@@ -16,9 +16,11 @@
 
 use redis_module::RedisError;
 
+use crate::core::book::Id;
 use crate::core::ledger::{Effect, Settings};
 use crate::core::period::{Period, PeriodError, PeriodKind};
-use crate::shell::args::{parse_i64, syntax_error};
+use crate::shell::args::{check_id, parse_i64, syntax_error};
+use crate::shell::config::MAX_ID_LENGTH_RANGE;
 
 /// Where the tokens of an effect go: a token list (the multi-argument form) or a [`Packed`]
 /// string (the one-argument form).
@@ -252,6 +254,14 @@ fn parse_opt(token: &[u8]) -> Result<Option<i64>, RedisError> {
     }
 }
 
+/// An effect's id: 1..=65536 bytes, as any command takes one. A master never writes another
+/// (a forged AOF line could: an empty or longer id would then be stuck, as no command can name
+/// it).
+fn effect_id(token: &[u8]) -> Result<Id, RedisError> {
+    check_id(token, MAX_ID_LENGTH_RANGE.1)?;
+    Ok(token.into())
+}
+
 /// Parses effects from tokens (everything after `at_ms`).
 pub fn decode<'a, I>(tokens: I) -> Result<Vec<Effect>, RedisError>
 where
@@ -296,26 +306,26 @@ where
                 end_ms: parse_i64(next(&mut it)?)?,
             },
             b"GRANT" => Effect::Grant {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
                 amount: parse_i64(next(&mut it)?)?,
                 deadline_ms: parse_i64(next(&mut it)?)?,
             },
             b"SETTLE" => Effect::Settle {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
                 actual: parse_i64(next(&mut it)?)?,
             },
             b"LATE" => Effect::SettleLate {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
                 actual: parse_i64(next(&mut it)?)?,
             },
             b"ROLLBACK" => Effect::Rollback {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
             },
             b"RELEASE" => Effect::Release {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
             },
             b"EXTEND" => Effect::Extend {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
                 deadline_ms: parse_i64(next(&mut it)?)?,
             },
             b"CHARGE" => Effect::Charge {
@@ -326,14 +336,44 @@ where
             b"CHARGEID" => Effect::Charge {
                 amount: parse_i64(next(&mut it)?)?,
                 overrun: parse_i64(next(&mut it)?)?,
-                id: Some(next(&mut it)?.into()),
+                id: Some(effect_id(next(&mut it)?)?),
             },
             b"FORGET" => Effect::Forget {
-                id: next(&mut it)?.into(),
+                id: effect_id(next(&mut it)?)?,
             },
             other => return Err(syntax_error(other)),
         };
         effects.push(effect);
     }
     Ok(effects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode;
+
+    fn tokens(line: &[&[u8]]) -> Vec<Vec<u8>> {
+        line.iter().map(|t| t.to_vec()).collect()
+    }
+
+    #[test]
+    fn effect_ids_are_checked_as_command_ids_are() {
+        let long = vec![b'x'; 65_537];
+        let longest = vec![b'x'; 65_536];
+        for bad in [&b""[..], &long] {
+            for line in [
+                tokens(&[b"GRANT", bad, b"1", b"100"]),
+                tokens(&[b"SETTLE", bad, b"1"]),
+                tokens(&[b"CHARGEID", b"1", b"0", bad]),
+                tokens(&[b"FORGET", bad]),
+            ] {
+                assert!(decode(line.iter().map(Vec::as_slice)).is_err());
+            }
+        }
+        let ok = tokens(&[b"GRANT", &longest, b"1", b"100"]);
+        assert_eq!(
+            decode(ok.iter().map(Vec::as_slice)).map(|e| e.len()).ok(),
+            Some(1)
+        );
+    }
 }

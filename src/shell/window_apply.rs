@@ -16,6 +16,7 @@ use redis_module::{Context, NotifyEvent, RedisError, RedisResult, RedisString, R
 use crate::core::window::WindowParams;
 use crate::shell::apply_cmds::{from_replication_or_loading, internal_only};
 use crate::shell::args::{parse_i64, Args};
+use crate::shell::clock::MAX_AT_MS;
 use crate::shell::effects;
 use crate::shell::key::ModuleKey;
 use crate::shell::window_cmds::{record_at_key, window_err, Record, EVENT, NO_EXPIRY, WAPPLY};
@@ -41,6 +42,10 @@ pub fn quota_wapply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let [at_ms, window_ms, precision_ms, cost] =
         [at_ms, window_ms, precision_ms, cost].map(|t| parse_i64(t));
     let (at_ms, window_ms, precision_ms, cost) = (at_ms?, window_ms?, precision_ms?, cost?);
+    // A master's time (wall clock or AT) is never outside this; a forged line could be.
+    if !(0..=MAX_AT_MS).contains(&at_ms) {
+        return Err(RedisError::Str("ERR QUOTA.WAPPLY: bad at_ms"));
+    }
     let expire_at = match parse_i64(expire_at)? {
         NO_EXPIRY => None,
         ms if ms >= 0 => Some(ms),
