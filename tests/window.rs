@@ -380,6 +380,11 @@ fn bad_arguments_are_refused_and_write_nothing() {
             &["k", "10", "9223372036854775807"],
             "window_ms must be at most",
         ),
+        // The bound named even when the bucket count is also over.
+        (
+            &["k", "10", "1000000000000001", "PRECISION", "1"],
+            "window_ms must be at most 1000000000000000",
+        ),
     ];
     for (args, want) in cases {
         let mut full = vec!["QUOTA.WINDOW"];

@@ -71,12 +71,13 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
             return Err(syntax_error(t));
         }
     }
-    let params = WindowParams::parse(limit, window_ms, cost, precision).map_err(window_err)?;
+    // Before the combined checks (bucket count), so that this error names the cause.
     if window_ms > MAX_WINDOW_MS {
         return Err(RedisError::Str(
             "ERR window_ms must be at most 1000000000000000",
         ));
     }
+    let params = WindowParams::parse(limit, window_ms, cost, precision).map_err(window_err)?;
     Ok(Request {
         key,
         params,
