@@ -480,47 +480,40 @@ impl Budget {
         effects: &mut Effects,
     ) {
         // The iterators are only made when something is due (making one costs a descent).
-        let releases = self.book.first_deadline().is_some_and(|d| d <= now);
-        let due = if releases { max } else { 0 };
-        for (deadline, id) in (due > 0)
-            .then(|| self.book.by_deadline().take(due))
-            .into_iter()
-            .flatten()
-        {
-            if deadline > now {
-                break;
-            }
-            if skip == Some(id) {
-                continue;
-            }
-            effects.push(Effect::Release {
-                id: Id::from_slice(id),
-            });
-            if now >= deadline.saturating_add(keep_ms) {
-                effects.push(Effect::Forget {
+        if self.book.first_deadline().is_some_and(|d| d <= now) {
+            for (deadline, id) in self.book.by_deadline().take(max) {
+                if deadline > now {
+                    break;
+                }
+                if skip == Some(id) {
+                    continue;
+                }
+                effects.push(Effect::Release {
                     id: Id::from_slice(id),
                 });
+                if now >= deadline.saturating_add(keep_ms) {
+                    effects.push(Effect::Forget {
+                        id: Id::from_slice(id),
+                    });
+                }
             }
         }
         let forgets = self
             .book
             .first_finish()
             .is_some_and(|f| now >= f.saturating_add(keep_ms));
-        let due = if forgets { max } else { 0 };
-        for (finished, id) in (due > 0)
-            .then(|| self.book.by_finish().take(due))
-            .into_iter()
-            .flatten()
-        {
-            if now < finished.saturating_add(keep_ms) {
-                break;
+        if forgets {
+            for (finished, id) in self.book.by_finish().take(max) {
+                if now < finished.saturating_add(keep_ms) {
+                    break;
+                }
+                if skip == Some(id) {
+                    continue;
+                }
+                effects.push(Effect::Forget {
+                    id: Id::from_slice(id),
+                });
             }
-            if skip == Some(id) {
-                continue;
-            }
-            effects.push(Effect::Forget {
-                id: Id::from_slice(id),
-            });
         }
     }
 
