@@ -248,11 +248,11 @@ redis_module! {
     // made by the macro would outlive a failed load and call into the unloaded library.
     configurations: [
         i64: [
-            ["default-ttl", &config::DEFAULT_TTL, 3_600_000, config::DEFAULT_TTL_RANGE.0, config::DEFAULT_TTL_RANGE.1, ConfigurationFlags::DEFAULT, None],
-            ["finished-ttl", &config::FINISHED_TTL, 3_600_000, config::FINISHED_TTL_RANGE.0, config::FINISHED_TTL_RANGE.1, ConfigurationFlags::DEFAULT, None],
-            ["max-pending", &config::MAX_PENDING, 1_000_000, config::MAX_PENDING_RANGE.0, config::MAX_PENDING_RANGE.1, ConfigurationFlags::DEFAULT, None],
-            ["max-id-length", &config::MAX_ID_LENGTH, 128, config::MAX_ID_LENGTH_RANGE.0, config::MAX_ID_LENGTH_RANGE.1, ConfigurationFlags::DEFAULT, None],
-            ["sweep-effort", &config::SWEEP_EFFORT, 1000, config::SWEEP_EFFORT_RANGE.0, config::SWEEP_EFFORT_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["default-ttl", &config::DEFAULT_TTL, config::DEFAULT_TTL_DEFAULT, config::DEFAULT_TTL_RANGE.0, config::DEFAULT_TTL_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["finished-ttl", &config::FINISHED_TTL, config::FINISHED_TTL_DEFAULT, config::FINISHED_TTL_RANGE.0, config::FINISHED_TTL_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["max-pending", &config::MAX_PENDING, config::MAX_PENDING_DEFAULT, config::MAX_PENDING_RANGE.0, config::MAX_PENDING_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["max-id-length", &config::MAX_ID_LENGTH, config::MAX_ID_LENGTH_DEFAULT, config::MAX_ID_LENGTH_RANGE.0, config::MAX_ID_LENGTH_RANGE.1, ConfigurationFlags::DEFAULT, None],
+            ["sweep-effort", &config::SWEEP_EFFORT, config::SWEEP_EFFORT_DEFAULT, config::SWEEP_EFFORT_RANGE.0, config::SWEEP_EFFORT_RANGE.1, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

@@ -6,7 +6,7 @@
 //!   that decodes to itself, and survive further commands (planned and applied at random times,
 //!   including the i64 edges) without panicking or breaking an invariant;
 //! - the effect decoder [`effects::decode`] (the tokens of `QUOTA.APPLY`) on random token lists,
-//!   and the round trip `decode(encode(effects)) == effects`.
+//!   and the round trip `decode(write(effects)) == effects`.
 //!
 //! `make test` runs a few hundred cases per property; `make fuzz` runs the same properties with
 //! `PROPTEST_CASES` large, for `FUZZ_SECONDS` (see the Makefile).
@@ -470,7 +470,7 @@ fn check_window(w: Window, times: &[i64]) -> Result<(), TestCaseError> {
     prop_assert_eq!(again.as_ref(), Ok(&w), "re-encoding changed the value");
     let mut w = w;
     let _ = w.empty_at_ms();
-    let _ = w.heap_bytes();
+    let _ = w.allocations();
     for (i, &t) in times.iter().enumerate() {
         let window_ms = [1, 1000, 60_000, i64::MAX][i % 4];
         let precision = [1, 1000, 60_000, i64::MAX / 4096 + 1][i % 4].min(window_ms);
@@ -702,7 +702,7 @@ fn effect_tokens_round_trip() {
         |(list, drop_at, replacement)| {
             let mut tokens = Vec::new();
             for e in &list {
-                effects::encode(e, &mut tokens);
+                effects::write(e, &mut tokens);
             }
             let back = effects::decode(tokens.iter().map(Vec::as_slice));
             prop_assert_eq!(back.as_ref().ok(), Some(&list), "{:?}", back.as_ref().err());
@@ -733,7 +733,7 @@ fn packed_effects_round_trip() {
             let bytes = packed.as_bytes().to_vec();
             let mut tokens = vec![at.to_string().into_bytes()];
             for e in &list {
-                effects::encode(e, &mut tokens);
+                effects::write(e, &mut tokens);
             }
             let unpacked =
                 effects::unpack(&bytes).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;

@@ -117,6 +117,9 @@ fn err_kind(e: &LedgerError) -> ErrKind {
         LedgerError::TooManyPending { max } => ErrKind::TooManyPending(*max),
         LedgerError::Invalid(_) => ErrKind::Invalid,
         LedgerError::BadEffect(why) => ErrKind::BadEffect(why),
+        LedgerError::Corrupt(why) => {
+            panic!("only a loaded value can be corrupt, not a plan: {why}")
+        }
         LedgerError::Period(msg) => ErrKind::Period(msg.clone()),
     }
 }

@@ -25,6 +25,9 @@ pub enum LedgerError {
     /// An effect replayed on a replica or from the AOF does not fit the state (`ERR`): a sign
     /// that the stream was produced from another state. Nothing is applied.
     BadEffect(&'static str),
+    /// A stored budget (loaded from an RDB, RESTORE or `QUOTA.LOAD`) breaks an invariant
+    /// (`ERR`); it is refused.
+    Corrupt(&'static str),
     /// Invalid argument value caught by the core (`ERR`).
     Invalid(&'static str),
     /// A calendar period error, already rendered with its code (`ERR ...`).
@@ -74,6 +77,7 @@ impl fmt::Display for LedgerError {
                 )
             }
             LedgerError::BadEffect(why) => write!(f, "ERR effect does not apply: {why}"),
+            LedgerError::Corrupt(why) => write!(f, "ERR corrupt budget value: {why}"),
             LedgerError::Invalid(why) => write!(f, "ERR {why}"),
             LedgerError::Period(msg) => write!(f, "{msg}"),
         }

@@ -66,11 +66,6 @@ impl Items {
         Some(std::mem::replace(slot, h))
     }
 
-    fn slot_mut(&mut self, i: usize) -> Option<&mut u32> {
-        let len = self.len();
-        self.buf.get_mut(..len)?.get_mut(i)
-    }
-
     /// Inserts at `pos` if there is room and `pos <= len`.
     fn insert(&mut self, pos: usize, h: u32) -> bool {
         let len = self.len();
@@ -321,24 +316,6 @@ impl HTree {
             }
         }
         Found::Removed(removed)
-    }
-
-    /// The slot of the handle whose key `probe` matches, to read and overwrite it in one
-    /// search (same key, new handle).
-    pub fn find_mut(&mut self, probe: impl Fn(u32) -> Ordering) -> Option<&mut u32> {
-        let mut node = self.root.as_mut()?;
-        loop {
-            match node {
-                Node::Leaf(items) => {
-                    let i = search(items.as_slice(), &probe).ok()?;
-                    return items.slot_mut(i);
-                }
-                Node::Inner(inner) => match search(inner.items.as_slice(), &probe) {
-                    Ok(i) => return inner.items.slot_mut(i),
-                    Err(i) => node = inner.children.get_mut(i)?,
-                },
-            }
-        }
     }
 
     /// Replaces the handle whose key `probe` matches with `h` (same key, new handle).

@@ -215,6 +215,7 @@ impl IndexTag {
         self.0.get()
     }
 
+    /// Records that the key was indexed in `epoch` with due time `due` (unix ms).
     pub fn set(&self, epoch: u64, due: Option<i64>) {
         self.0.set((epoch, due));
     }
@@ -269,6 +270,7 @@ impl Budget {
         self.clock_ms
     }
 
+    /// The calendar period (`PeriodKind::None`: `used` never resets).
     pub fn period(&self) -> &Period {
         &self.period
     }
@@ -319,10 +321,12 @@ impl Budget {
         }
     }
 
+    /// LIMIT, OVERDRAFT, MAXRESERVE and the default TTL, as last configured.
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
 
+    /// The pending reservations and remembered finished ids (read-only).
     pub fn book(&self) -> &Book {
         &self.book
     }
@@ -440,9 +444,10 @@ impl Budget {
         }
     }
 
-    /// Bounded cleanup that rides along with a write: release expired reservations and forget
-    /// stale finished ids, at most [`MAINTENANCE_BATCH`] of each, skipping `skip` (already
-    /// prepared by the command).
+    /// The bounded cleanup a write carries (as [`Budget::upkeep`] plans it, without the
+    /// period reset or an id's preparation): release expired reservations and forget stale
+    /// finished ids, at most [`MAINTENANCE_BATCH`] of each, skipping `skip`. For the reference
+    /// model's checks (tests/ledger_model.rs).
     pub fn maintenance(&self, now: i64, keep_ms: i64, skip: Option<&[u8]>) -> Effects {
         self.cleanup(now, keep_ms, skip, MAINTENANCE_BATCH)
     }
@@ -537,21 +542,9 @@ impl Budget {
         Ok(physical.is_err())
     }
 
-    /// Command effects preceded by the preparation of `id` and the maintenance: bounded, or
-    /// every expired reservation when `full` (see [`Budget::check_range`]).
-    fn with_upkeep(
-        &self,
-        now: i64,
-        keep_ms: i64,
-        id: Option<&[u8]>,
-        full: bool,
-        command: Effects,
-    ) -> Effects {
-        self.upkeep(now, keep_ms, id, id, full, command)
-    }
-
-    /// [`Budget::with_upkeep`] preparing `prepare` (`None`: an id known to be new) and
-    /// leaving `skip` out of the maintenance.
+    /// Command effects preceded by the preparation of `prepare` (`None`: none, or an id known
+    /// to be new) and the maintenance, which leaves `skip` out: bounded, or every expired
+    /// reservation when `full` (see [`Budget::check_range`]).
     fn upkeep(
         &self,
         now: i64,
@@ -682,7 +675,7 @@ impl Budget {
         // The first write after a boundary resets first, as every write does (the configure
         // effect would set used and bounds by itself, but the reset is what replicas, the AOF
         // and `quota.reset` subscribers see for every other write).
-        let effects = self.with_upkeep(now, policy.keep_ms, None, full, smallvec![configure]);
+        let effects = self.upkeep(now, policy.keep_ms, None, None, full, smallvec![configure]);
         Ok(Plan { effects, reply: () })
     }
 
@@ -1208,14 +1201,6 @@ impl Budget {
         }
     }
 
-    /// The physical pending reservation `id`, expired or not.
-    pub fn pending_reservation(&self, id: &[u8]) -> Option<Reservation> {
-        match self.book.get(id) {
-            Some(Entry::Pending(r)) => Some(r),
-            _ => None,
-        }
-    }
-
     /// Ends pending reservation `id` without spending it (rollback, expiry): its amount leaves
     /// `reserved`, and it is remembered with the outcome and finish time `ended` gives.
     fn unreserve(
@@ -1248,23 +1233,23 @@ impl Budget {
         validate_settings(&self.settings)?;
         validate_bounds(self.period_bounds)?;
         if self.period.is_none() != self.period_bounds.is_none() {
-            return Err(LedgerError::BadEffect("period and bounds disagree"));
+            return Err(LedgerError::Corrupt("period and bounds disagree"));
         }
         if self.used < 0 || self.reserved < 0 || self.overrun < 0 {
-            return Err(LedgerError::BadEffect("negative counter"));
+            return Err(LedgerError::Corrupt("negative counter"));
         }
         add(self.used, self.reserved)?;
         let mut sum = 0i64;
         for (_, entry) in self.book.entries() {
             if let Entry::Pending(r) = entry {
                 if r.amount < 0 {
-                    return Err(LedgerError::BadEffect("negative reservation"));
+                    return Err(LedgerError::Corrupt("negative reservation"));
                 }
                 sum = add(sum, r.amount)?;
             }
         }
         if sum != self.reserved {
-            return Err(LedgerError::BadEffect(
+            return Err(LedgerError::Corrupt(
                 "reserved differs from the pending sum",
             ));
         }

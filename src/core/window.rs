@@ -601,6 +601,7 @@ impl Buckets {
     }
 
     /// Heap bytes of the storage (capacity, not length).
+    #[cfg(test)]
     fn heap_bytes(&self) -> usize {
         let (offsets, counts) = self.allocations();
         offsets.saturating_add(counts)
@@ -832,10 +833,12 @@ impl Window {
             .map(|index| clamp_i64(bucket_last(index, self.precision_ms).saturating_add(horizon)))
     }
 
-    /// Heap bytes owned (bucket storage, by capacity), for MEMORY USAGE:
+    /// Heap bytes owned (bucket storage, by capacity), for the tests' bounds (MEMORY USAGE
+    /// counts [`Window::allocations`] instead):
     /// 8 per bucket slot (12 with wide counts). At most about
     /// `(1.5 * (ceil(horizon / precision) + 1) + 8) * 12` after a record; under steady traffic
     /// exactly `8 * (ceil(horizon / precision) + 1)`.
+    #[cfg(test)]
     pub fn heap_bytes(&self) -> usize {
         self.buckets.heap_bytes()
     }
@@ -847,26 +850,25 @@ impl Window {
     }
 
     /// Latest recorded time, unix ms.
+    #[cfg(test)]
     pub fn last_ms(&self) -> i64 {
         self.last_ms
     }
 
-    /// Window of the last recorded call, ms.
-    pub fn window_ms(&self) -> i64 {
-        self.window_ms
-    }
-
     /// Bucket width of the held history, ms.
+    #[cfg(test)]
     pub fn precision_ms(&self) -> i64 {
         self.precision_ms
     }
 
     /// How far back history is kept, ms (see module doc).
+    #[cfg(test)]
     pub fn horizon_ms(&self) -> i64 {
         self.horizon_ms
     }
 
     /// Number of non-empty buckets held; at most `ceil(horizon / precision) + 1`.
+    #[cfg(test)]
     pub fn bucket_count(&self) -> usize {
         self.buckets.len()
     }

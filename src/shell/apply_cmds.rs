@@ -13,8 +13,8 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{Budget, Effect};
+use crate::shell::apply::{apply_all, apply_tracked, Counts};
 use crate::shell::args::{parse_i64, Args};
-use crate::shell::budget_cmds::{apply_all, apply_tracked, Counts};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
 use crate::shell::key::ModuleKey;
 use crate::shell::window_type::{WINDOW_TYPE, WINDOW_TYPE_NAME};

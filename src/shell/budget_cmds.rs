@@ -4,24 +4,21 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{
-    Budget, Effect, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, View,
+    Budget, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, View,
 };
-use crate::core::period::{Period, PeriodError, PeriodKind};
+use crate::core::period::{Period, PeriodKind};
+use crate::shell::apply::{apply_and_propagate, Counts};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
-use crate::shell::reply::{reply_array, reply_fields, Field, Item};
-use crate::shell::{clock, config, events, replicate, stats, sweeper};
+use crate::shell::reply::{error_reply, reply_array, reply_fields, Field, Item};
+use crate::shell::{clock, config, events, replicate, stats};
 
 /// Most entries QUOTA.PENDING returns in one call.
 pub const MAX_PENDING_COUNT: i64 = 10_000;
 
 fn noquota() -> RedisError {
     RedisError::Str("NOQUOTA no budget at this key (create it with QUOTA.SET)")
-}
-
-fn ledger_err(e: crate::core::error::LedgerError) -> RedisError {
-    RedisError::String(e.to_string())
 }
 
 /// Runs a write command on an existing budget: one writable open; the plan is made on the
@@ -61,113 +58,6 @@ fn run_write<R>(
     Ok((plan.reply, view))
 }
 
-/// Applies effects to a budget in place (master path) and replicates the ones applied.
-/// Returns the budget's view at `at` afterwards, or the error that stopped the effects (the
-/// ones before it are kept and replicated).
-pub fn apply_and_propagate(
-    ctx: &Context,
-    key_name: &RedisString,
-    budget: &mut Budget,
-    at: i64,
-    effects: &[Effect],
-) -> Result<View, RedisError> {
-    let (result, view) = apply_tracked(ctx, key_name, budget, at, effects);
-    let applied = effects.get(..result.applied).unwrap_or(&[]);
-    replicate::replicate_effects(ctx, key_name, at, applied);
-    // Lazy releases riding on this write (the sweeper counts its own).
-    let expired = applied
-        .iter()
-        .filter(|e| matches!(e, Effect::Release { .. }))
-        .count();
-    stats::add(&stats::EXPIRED, i64::try_from(expired).unwrap_or(0));
-    match result.error {
-        Some(e) => Err(e),
-        None => Ok(view),
-    }
-}
-
-/// Applies effects in place and does what follows any change, on a master or a replica alike:
-/// publish their keyspace events, keep the module counters and the sweeper's index in step.
-/// Replication is the caller's: effects on a master, verbatim on a replica. Returns how far
-/// the effects got and the budget's view at `at` afterwards (computed once, for the events and
-/// the caller's reply).
-pub fn apply_tracked(
-    ctx: &Context,
-    key_name: &RedisString,
-    budget: &mut Budget,
-    at: i64,
-    effects: &[Effect],
-) -> (Applied, View) {
-    let before = Counts::of(budget);
-    let result = apply_all(budget, at, effects);
-    Counts::of(budget).record_since(&before);
-    let view = budget.view(at);
-    let applied = effects.get(..result.applied).unwrap_or(&[]);
-    events::notify(ctx, key_name, applied, view.available);
-    sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
-    (result, view)
-}
-
-/// Pending and remembered counts of a budget, to keep the module-wide totals in step.
-pub struct Counts {
-    pending: i64,
-    remembered: i64,
-}
-
-impl Counts {
-    pub fn of(b: &Budget) -> Counts {
-        Counts {
-            pending: i64::try_from(b.book().pending_len()).unwrap_or(i64::MAX),
-            remembered: i64::try_from(b.book().finished_len()).unwrap_or(i64::MAX),
-        }
-    }
-
-    /// Adds the change from `before` to the module totals.
-    pub fn record_since(&self, before: &Counts) {
-        stats::add(&stats::PENDING, self.pending.saturating_sub(before.pending));
-        stats::add(
-            &stats::REMEMBERED,
-            self.remembered.saturating_sub(before.remembered),
-        );
-    }
-
-    /// Adds a whole value (created or loaded) to the module totals.
-    pub fn adopt(&self) {
-        stats::add(&stats::PENDING, self.pending);
-        stats::add(&stats::REMEMBERED, self.remembered);
-        stats::bump(&stats::BUDGET_KEYS);
-    }
-
-    /// Removes a whole value (freed) from the module totals.
-    pub fn drop_value(&self) {
-        stats::add(&stats::PENDING, self.pending.saturating_neg());
-        stats::add(&stats::REMEMBERED, self.remembered.saturating_neg());
-        stats::add(&stats::BUDGET_KEYS, -1);
-    }
-}
-
-/// How far a list of effects got.
-pub struct Applied {
-    pub applied: usize,
-    pub error: Option<RedisError>,
-}
-
-/// Applies effects in order, stopping at the first that does not fit (nothing of it applied).
-pub fn apply_all(budget: &mut Budget, at: i64, effects: &[Effect]) -> Applied {
-    for (i, e) in effects.iter().enumerate() {
-        if let Err(err) = budget.apply(at, e) {
-            return Applied {
-                applied: i,
-                error: Some(ledger_err(err)),
-            };
-        }
-    }
-    Applied {
-        applied: effects.len(),
-        error: None,
-    }
-}
-
 /// Parses an optional trailing `AT ms` (test clock) — shared by every time-dependent command.
 fn parse_at(args: &mut Args, token: &[u8]) -> Result<Option<Option<i64>>, RedisError> {
     if token.eq_ignore_ascii_case(b"AT") {
@@ -176,8 +66,9 @@ fn parse_at(args: &mut Args, token: &[u8]) -> Result<Option<Option<i64>>, RedisE
     Ok(None)
 }
 
-/// `QUOTA.SET key [LIMIT n] [USED n] [OVERDRAFT n] [MAXRESERVE n] [TTL ms] [NX|XX] [AT ms]`
-/// → 1 if created, 0 otherwise.
+/// `QUOTA.SET key [LIMIT n] [USED n] [OVERDRAFT n] [MAXRESERVE n] [TTL ms]
+/// [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] [ANCHOR unix_ms] [NX|XX] [AT ms]`
+/// → 1 if created, 0 otherwise (amounts in units, times in ms).
 pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 1)?;
     let key_name = a.next_string()?;
@@ -205,7 +96,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
         } else if t.eq_ignore_ascii_case(b"PERIOD") {
-            kind = Some(PeriodKind::parse(a.next_bytes()?).map_err(period_err)?);
+            kind = Some(PeriodKind::parse(a.next_bytes()?).map_err(error_reply)?);
         } else if t.eq_ignore_ascii_case(b"TZ") {
             tz = Some(a.next_bytes()?);
         } else if t.eq_ignore_ascii_case(b"ANCHOR") {
@@ -229,7 +120,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let policy = config::policy();
     // A bad zone is an error even when NX or XX would leave the key alone.
     if let Some(tz) = tz {
-        Period::new(PeriodKind::None, tz, None).map_err(period_err)?;
+        Period::new(PeriodKind::None, tz, None).map_err(error_reply)?;
     }
 
     // Another type at this key is refused here with WRONGTYPE.
@@ -249,7 +140,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 default_ttl_ms: ttl.unwrap_or(s.default_ttl_ms),
             };
             b.plan_configure(now, &policy, settings, used, period)
-                .map_err(ledger_err)
+                .map_err(error_reply)
         })?;
         return Ok(RedisValue::Integer(0));
     }
@@ -267,9 +158,9 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     };
     let period = merge_period(&Period::none(), kind, tz, anchor)?.unwrap_or_else(Period::none);
     let configure =
-        Budget::plan_create(wall, settings, used.unwrap_or(0), period).map_err(ledger_err)?;
+        Budget::plan_create(wall, settings, used.unwrap_or(0), period).map_err(error_reply)?;
     let mut budget = Budget::new(settings, wall);
-    budget.apply(wall, &configure).map_err(ledger_err)?;
+    budget.apply(wall, &configure).map_err(error_reply)?;
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
     let counts = Counts::of(&budget);
     key.set_value(&BUDGET_TYPE, budget)?;
@@ -277,10 +168,6 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     replicate::replicate_effects(ctx, key_name, wall, std::slice::from_ref(&configure));
     events::notify(ctx, key_name, &[configure], 0);
     Ok(RedisValue::Integer(1))
-}
-
-fn period_err(e: PeriodError) -> RedisError {
-    RedisError::String(e.to_string())
 }
 
 /// The period after a QUOTA.SET: `None` if PERIOD, TZ and ANCHOR were all absent (unchanged).
@@ -301,7 +188,7 @@ fn merge_period(
     } else {
         anchor.or(current.anchor_ms)
     };
-    Period::new(kind, tz, anchor).map(Some).map_err(period_err)
+    Period::new(kind, tz, anchor).map(Some).map_err(error_reply)
 }
 
 /// Reads a budget for a read-only command: `None` for a missing key.
@@ -380,7 +267,7 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let ((reply, retry), view) = run_write(ctx, key_name, at, |b, now| {
         let plan = b
             .plan_reserve(now, &policy, amount, id, ttl)
-            .map_err(ledger_err)?;
+            .map_err(error_reply)?;
         let retry = b.retry_after(now, amount);
         Ok(Plan {
             effects: plan.effects,
@@ -455,7 +342,7 @@ pub fn quota_settle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
     let policy = config::policy();
     let ((status, charged), view) = run_write(ctx, key_name, at, |b, now| {
-        b.plan_settle(now, &policy, id, actual).map_err(ledger_err)
+        b.plan_settle(now, &policy, id, actual).map_err(error_reply)
     })?;
     let status = match status {
         SettleStatus::Settled => {
@@ -489,7 +376,7 @@ pub fn quota_rollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
     } = key_id_tail(&mut a, false)?;
     let policy = config::policy();
     let ((status, released), view) = run_write(ctx, key_name, at, |b, now| {
-        b.plan_rollback(now, &policy, id).map_err(ledger_err)
+        b.plan_rollback(now, &policy, id).map_err(error_reply)
     })?;
     let status = match status {
         RollbackStatus::RolledBack => {
@@ -524,7 +411,7 @@ pub fn quota_extend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
     let policy = config::policy();
     let (ttl, _) = run_write(ctx, key_name, at, |b, now| {
-        b.plan_extend(now, &policy, id, ttl).map_err(ledger_err)
+        b.plan_extend(now, &policy, id, ttl).map_err(error_reply)
     })?;
     Ok(RedisValue::Integer(ttl))
 }
@@ -553,7 +440,7 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let ((charged, retry), view) = run_write(ctx, key_name, at, |b, now| {
         let plan = b
             .plan_charge(now, &policy, amount, id, force)
-            .map_err(ledger_err)?;
+            .map_err(error_reply)?;
         let retry = if plan.reply {
             0
         } else {

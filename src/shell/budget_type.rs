@@ -4,13 +4,12 @@
 //! returns errors (no panics on loaded data), and `free` touches no Redis API (it may run on the
 //! lazy-free thread).
 
-use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 
 use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::ledger::Budget;
-use crate::shell::budget_cmds::Counts;
+use crate::shell::apply::Counts;
 use crate::shell::persist::{decode_budget, encode_budget, BUDGET_ENCVER};
 use crate::shell::sweeper;
 
@@ -130,20 +129,15 @@ pub(crate) unsafe fn emit_load(
     encver: i32,
     payload: &[u8],
 ) {
-    let (Ok(cmd), Ok(fmt), Ok(type_name)) = (
-        CString::new("QUOTA.LOAD"),
-        CString::new("sclb"),
-        CString::new(type_name),
-    ) else {
-        return;
-    };
     if let Some(emit) = raw::RedisModule_EmitAOF {
+        // The type name goes as a buffer (`b`): no C string to build for every key.
         emit(
             aof,
-            cmd.as_ptr(),
-            fmt.as_ptr(),
+            c"QUOTA.LOAD".as_ptr(),
+            c"sblb".as_ptr(),
             key,
             type_name.as_ptr(),
+            type_name.len(),
             libc::c_longlong::from(encver),
             payload.as_ptr(),
             payload.len(),
@@ -176,6 +170,11 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
     add_digest(md, &encode_budget(budget));
 }
 
+/// Adds `bytes` (a value's encoding) to a DEBUG DIGEST as one sequence.
+///
+/// # Safety
+///
+/// `md` is the live digest Redis passed to the type's `digest` callback.
 pub(crate) unsafe fn add_digest(md: *mut raw::RedisModuleDigest, bytes: &[u8]) {
     if let (Some(add), Some(end)) = (
         raw::RedisModule_DigestAddStringBuffer,

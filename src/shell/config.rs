@@ -7,26 +7,39 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use crate::core::ledger::{Policy, DEFAULT_KEEP_MS, DEFAULT_TTL_MS};
 
+/// Defaults of the integer configs, for the statics below and their registration in
+/// `src/lib.rs`: ms, ms, reservations, bytes, releases per tick.
+pub const DEFAULT_TTL_DEFAULT: i64 = DEFAULT_TTL_MS;
+pub const FINISHED_TTL_DEFAULT: i64 = DEFAULT_KEEP_MS;
+pub const MAX_PENDING_DEFAULT: i64 = 1_000_000;
+pub const MAX_ID_LENGTH_DEFAULT: i64 = 128;
+pub const SWEEP_EFFORT_DEFAULT: i64 = 1000;
+
 /// `quota.default-ttl` (ms): reservation TTL of keys created without `TTL`.
-pub static DEFAULT_TTL: AtomicI64 = AtomicI64::new(DEFAULT_TTL_MS);
+pub static DEFAULT_TTL: AtomicI64 = AtomicI64::new(DEFAULT_TTL_DEFAULT);
 /// `quota.finished-ttl` (ms): how long settled / rolled back / expired / charged ids are remembered.
-pub static FINISHED_TTL: AtomicI64 = AtomicI64::new(DEFAULT_KEEP_MS);
+pub static FINISHED_TTL: AtomicI64 = AtomicI64::new(FINISHED_TTL_DEFAULT);
 /// `quota.max-pending`: most pending reservations per key; RESERVE beyond it fails with `-LIMIT`.
-pub static MAX_PENDING: AtomicI64 = AtomicI64::new(1_000_000);
+pub static MAX_PENDING: AtomicI64 = AtomicI64::new(MAX_PENDING_DEFAULT);
 /// `quota.max-id-length` (bytes).
-pub static MAX_ID_LENGTH: AtomicI64 = AtomicI64::new(128);
+pub static MAX_ID_LENGTH: AtomicI64 = AtomicI64::new(MAX_ID_LENGTH_DEFAULT);
 /// `quota.sweep-effort`: most reservations the active sweeper releases per tick; 0 turns the
 /// sweeper off (expired reservations are then released lazily, by writes to their key).
-pub static SWEEP_EFFORT: AtomicI64 = AtomicI64::new(1000);
+pub static SWEEP_EFFORT: AtomicI64 = AtomicI64::new(SWEEP_EFFORT_DEFAULT);
 /// `quota.test-clock`: when on, time-dependent commands accept `AT unix_ms`. Unsafe in production.
 pub static TEST_CLOCK: AtomicBool = AtomicBool::new(false);
 
-/// Ranges of the integer configs: their registration in `src/lib.rs` and the check of
-/// `loadmodule` arguments ([`check_module_args`]) use the same bounds.
+/// Ranges (min, max) of the integer configs: their registration in `src/lib.rs` and the check
+/// of `loadmodule` arguments ([`check_module_args`]) use the same bounds. `quota.default-ttl`
+/// (ms).
 pub const DEFAULT_TTL_RANGE: (i64, i64) = (1, crate::core::ledger::MAX_TTL_MS);
+/// `quota.finished-ttl` (ms).
 pub const FINISHED_TTL_RANGE: (i64, i64) = (0, i64::MAX);
+/// `quota.max-pending` (reservations per key).
 pub const MAX_PENDING_RANGE: (i64, i64) = (1, i64::MAX);
+/// `quota.max-id-length` (bytes).
 pub const MAX_ID_LENGTH_RANGE: (i64, i64) = (1, 65_536);
+/// `quota.sweep-effort` (releases per tick; 0: no active expiry).
 pub const SWEEP_EFFORT_RANGE: (i64, i64) = (0, 1_000_000);
 
 /// Checks `loadmodule path name value ...` arguments. Redis 7.0 takes them as the configs'
@@ -91,16 +104,24 @@ pub fn policy() -> Policy {
     }
 }
 
+/// `quota.max-id-length` now (bytes).
 pub fn max_id_length() -> i64 {
     MAX_ID_LENGTH.load(Ordering::Relaxed)
 }
 
+/// `quota.default-ttl` now (ms).
 pub fn default_ttl() -> i64 {
     DEFAULT_TTL.load(Ordering::Relaxed)
 }
 
+/// `quota.test-clock` now: do time-dependent commands accept `AT`?
 pub fn test_clock() -> bool {
     TEST_CLOCK.load(Ordering::Relaxed)
+}
+
+/// `quota.sweep-effort` now (releases per sweeper tick; 0: no active expiry).
+pub fn sweep_effort() -> usize {
+    usize::try_from(SWEEP_EFFORT.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 #[cfg(test)]

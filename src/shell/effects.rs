@@ -18,9 +18,10 @@ use redis_module::RedisError;
 
 use crate::core::book::Id;
 use crate::core::ledger::{Effect, Settings};
-use crate::core::period::{Period, PeriodError, PeriodKind};
+use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::{check_id, parse_i64, syntax_error};
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
+use crate::shell::reply::error_reply;
 
 /// Where the tokens of an effect go: a token list (the multi-argument form) or a [`Packed`]
 /// string (the one-argument form).
@@ -137,11 +138,6 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
     }
 }
 
-/// Appends the tokens of one effect to a token list (the multi-argument form).
-pub fn encode(effect: &Effect, out: &mut Vec<Vec<u8>>) {
-    write(effect, out);
-}
-
 /// The one-argument form of a token list, e.g. `1764485000000 GRANT 15:1764485000000-0 5
 /// 1764488600000`: tokens separated by one space; integers and names as they are, byte
 /// strings (ids, zones: any bytes) as `<len>:<bytes>` (a netstring without the trailing comma).
@@ -159,6 +155,7 @@ impl Packed {
         }
     }
 
+    /// The packed string written so far (one Redis string argument).
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf
     }
@@ -241,10 +238,6 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<&[u8]>, RedisError> {
     Ok(tokens)
 }
 
-fn period_err(e: PeriodError) -> RedisError {
-    RedisError::String(e.to_string())
-}
-
 /// `-` or an integer.
 fn parse_opt(token: &[u8]) -> Result<Option<i64>, RedisError> {
     if token == b"-" {
@@ -279,7 +272,7 @@ where
                 let overdraft = parse_i64(next(&mut it)?)?;
                 let max = parse_i64(next(&mut it)?)?;
                 let default_ttl_ms = parse_i64(next(&mut it)?)?;
-                let kind = PeriodKind::parse(next(&mut it)?).map_err(period_err)?;
+                let kind = PeriodKind::parse(next(&mut it)?).map_err(error_reply)?;
                 let tz = next(&mut it)?;
                 let anchor = parse_opt(next(&mut it)?)?;
                 let start = parse_opt(next(&mut it)?)?;
@@ -297,7 +290,7 @@ where
                         default_ttl_ms,
                     },
                     used,
-                    period: Period::new(kind, tz, anchor).map_err(period_err)?,
+                    period: Period::new(kind, tz, anchor).map_err(error_reply)?,
                     bounds,
                 }
             }

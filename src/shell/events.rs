@@ -60,8 +60,3 @@ pub fn notify(ctx: &Context, key: &RedisString, effects: &[Effect], available_af
         publish(ctx, key, c"quota.exhausted");
     }
 }
-
-/// Publishes a single named event on `key`.
-pub fn notify_one(ctx: &Context, key: &RedisString, name: &str) {
-    ctx.notify_keyspace_event(NotifyEvent::MODULE, name, key);
-}

@@ -34,33 +34,20 @@ macro_rules! api {
     };
 }
 
-/// An open key; closed on drop, signalled as modified first if it was opened writable and not
-/// declared [`unchanged`](ModuleKey::unchanged).
+/// A key open for reading and writing; closed on drop, signalled as modified first unless
+/// declared [`unchanged`](ModuleKey::unchanged). (Reads that never write use the crate's
+/// read-only `Context::open_key`.)
 pub struct ModuleKey<'a> {
     ctx: *mut raw::RedisModuleCtx,
     name: *mut raw::RedisModuleString,
-    /// Null for a read-only open of a missing key.
+    /// Never null (a failed open is an error).
     inner: *mut raw::RedisModuleKey,
-    writable: bool,
     signal: bool,
     /// The key name is borrowed: it must outlive the open key.
     _name: PhantomData<&'a RedisString>,
 }
 
 impl<'a> ModuleKey<'a> {
-    /// Opens `name` read-only (a missing key reads as empty).
-    pub fn open(ctx: &Context, name: &'a RedisString) -> Self {
-        let inner = raw::open_key(ctx.ctx, name.inner, raw::KeyMode::READ);
-        Self {
-            ctx: ctx.ctx,
-            name: name.inner,
-            inner,
-            writable: false,
-            signal: false,
-            _name: PhantomData,
-        }
-    }
-
     /// Opens `name` for reading and writing. Signals it as modified on close unless
     /// [`unchanged`](ModuleKey::unchanged) is called.
     pub fn open_writable(ctx: &Context, name: &'a RedisString) -> Result<Self, RedisError> {
@@ -76,7 +63,6 @@ impl<'a> ModuleKey<'a> {
             ctx: ctx.ctx,
             name: name.inner,
             inner,
-            writable: true,
             signal: true,
             _name: PhantomData,
         })
@@ -97,11 +83,8 @@ impl<'a> ModuleKey<'a> {
         }))
     }
 
-    /// Like [`value`](ModuleKey::value), mutable (the key must be open for writing).
+    /// Like [`value`](ModuleKey::value), mutable.
     pub fn value_mut<T>(&mut self, ty: &RedisType) -> Result<Option<&mut T>, RedisError> {
-        if !self.writable {
-            return Err(RedisError::Str("ERR the key is not open for writing"));
-        }
         Ok(self.raw_value::<T>(ty)?.and_then(|v| {
             // SAFETY: as in `value`; `&mut self` excludes any other access through this key.
             unsafe { v.as_mut() }
@@ -120,11 +103,8 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// Stores `value` (of type `ty`) as the key's value, replacing any value of that type and
-    /// the key's expiry. The key must be open for writing.
+    /// the key's expiry.
     pub fn set_value<T>(&mut self, ty: &RedisType, value: T) -> Result<(), RedisError> {
-        if !self.writable {
-            return Err(RedisError::Str("ERR the key is not open for writing"));
-        }
         crate::shell::wrongtype(verify_type(self.inner, ty))?;
         let set = api!(RedisModule_ModuleTypeSetValue)?;
         let value = Box::into_raw(Box::new(value)).cast::<c_void>();

@@ -2,6 +2,7 @@
 //! callbacks, replication of effects, time, configs.
 
 pub mod alloc;
+pub mod apply;
 pub mod apply_cmds;
 pub mod args;
 pub mod budget_cmds;

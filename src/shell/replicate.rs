@@ -161,7 +161,7 @@ mod tests {
         let packed = pack_effects(i64::MIN, &effects);
         let mut reference = vec![i64::MIN.to_string().into_bytes()];
         for e in &effects {
-            effects::encode(e, &mut reference);
+            effects::write(e, &mut reference);
         }
         let unpacked = effects::unpack(packed.as_bytes()).unwrap();
         assert_eq!(unpacked, reference);

@@ -4,7 +4,7 @@
 
 use std::ffi::CStr;
 
-use redis_module::{raw, Context, RedisResult, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisValue};
 
 /// An element of a flat array reply.
 pub enum Item<'a> {
@@ -12,6 +12,12 @@ pub enum Item<'a> {
     Bulk(&'a [u8]),
     Null,
     Status(&'static CStr),
+}
+
+/// A core error (ledger, period, window: their texts start with a Redis error code such as
+/// `ERR`, `NOQUOTA`, `CONFLICT`) as an error reply.
+pub fn error_reply(e: impl std::fmt::Display) -> RedisError {
+    RedisError::String(e.to_string())
 }
 
 /// Replies with `items` as an array and tells the caller's wrapper that the reply was sent.

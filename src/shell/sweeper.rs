@@ -22,11 +22,10 @@ use std::time::Duration;
 
 use redis_module::{raw, Context, ContextFlags, NotifyEvent, RedisString};
 
-use crate::core::ledger::{Budget, Effect};
-use crate::shell::budget_cmds::apply_all;
+use crate::core::ledger::Budget;
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
-use crate::shell::{clock, config, events, replicate, stats};
+use crate::shell::{apply, clock, config, stats};
 
 /// How often the sweeper runs (ms): an expired reservation is released within about this long
 /// after its deadline while each tick keeps up.
@@ -216,8 +215,7 @@ fn sweep(ctx: &Context) -> bool {
     {
         return false;
     }
-    let effort = usize::try_from(config::SWEEP_EFFORT.load(std::sync::atomic::Ordering::Relaxed))
-        .unwrap_or(0);
+    let effort = config::sweep_effort();
     if effort == 0 {
         return false;
     }
@@ -279,29 +277,19 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
         return (0, 0);
     };
     let at = budget.now(now);
-    let released = effects
-        .iter()
-        .filter(|e| matches!(e, Effect::Release { .. }))
-        .count();
     // Releases go soonest deadline first: the largest lag is the soonest deadline's.
     let lag = match budget.book().first_deadline() {
-        Some(d) if released > 0 => at.saturating_sub(d).max(0),
+        Some(d) if apply::releases(&effects) > 0 => at.saturating_sub(d).max(0),
         _ => 0,
     };
     // Applied at the key's own clock: a sweep is not a command and must not move the key's
-    // time, so a swept key and an unswept one answer every later command alike.
+    // time, so a swept key and an unswept one answer every later command alike. The effects
+    // that apply are replicated and counted (INFO's expired) as any write's lazy releases are.
     let key_clock = budget.clock_ms();
-    let before = crate::shell::budget_cmds::Counts::of(budget);
-    let result = apply_all(budget, key_clock, &effects);
-    let applied = effects.get(..result.applied).unwrap_or(&[]);
-    crate::shell::budget_cmds::Counts::of(budget).record_since(&before);
-    replicate::replicate_effects(ctx, &key_name, key_clock, applied);
-    events::notify(ctx, &key_name, applied, i64::MAX);
-    let n = i64::try_from(released).unwrap_or(i64::MAX);
-    stats::add(&stats::SWEEP_RELEASED, n);
-    stats::add(&stats::EXPIRED, n);
-    track_budget(db, name, budget);
-    (released, lag)
+    let (result, _) = apply::apply_and_replicate(ctx, &key_name, budget, key_clock, &effects);
+    let released = apply::releases(effects.get(..result.applied).unwrap_or(&[]));
+    stats::add(&stats::SWEEP_RELEASED, released);
+    (usize::try_from(released).unwrap_or(usize::MAX), lag)
 }
 
 /// Keyspace hook: a budget that arrives under a new name (RENAME, MOVE, COPY, RESTORE) is

@@ -11,15 +11,16 @@
 //!
 //! Accepted only from the master link or while loading (a client could otherwise forge state).
 
-use redis_module::{Context, NotifyEvent, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::window::WindowParams;
 use crate::shell::apply_cmds::{from_replication_or_loading, internal_only};
 use crate::shell::args::{parse_i64, Args};
 use crate::shell::clock::MAX_AT_MS;
-use crate::shell::effects;
 use crate::shell::key::ModuleKey;
-use crate::shell::window_cmds::{record_at_key, window_err, Record, EVENT, NO_EXPIRY, WAPPLY};
+use crate::shell::reply::error_reply;
+use crate::shell::window_cmds::{record_at_key, Record, EVENT, NO_EXPIRY, WAPPLY};
+use crate::shell::{effects, events};
 
 /// `QUOTA.WAPPLY key <packed>` (the five integers in one [`crate::shell::effects::Packed`]
 /// string) or `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` → OK.
@@ -53,11 +54,11 @@ pub fn quota_wapply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     };
     // The limit plays no part in recording; 0 only satisfies validation.
     let params =
-        WindowParams::parse(0, window_ms, Some(cost), Some(precision_ms)).map_err(window_err)?;
+        WindowParams::parse(0, window_ms, Some(cost), Some(precision_ms)).map_err(error_reply)?;
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
     record_at_key(&mut key, &params, at_ms, Record::Replicated(expire_at))?;
     drop(key);
-    ctx.notify_keyspace_event(NotifyEvent::MODULE, EVENT, key_name);
+    events::publish(ctx, key_name, EVENT);
     // Feeds this server's own AOF and sub-replicas.
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))

@@ -102,7 +102,7 @@ pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
         2 => {
             let v2: BudgetV2 = options().deserialize(bytes).map_err(malformed)?;
             let period = Period::new(v2.period_kind, v2.tz.as_bytes(), v2.anchor_ms)
-                .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+                .map_err(DecodeError::invalid)?;
             from_v1(v2.v1, Some((period, v2.bounds)))
         }
         v => Err(DecodeError::UnknownVersion(v)),
@@ -166,9 +166,7 @@ fn from_v1(
         period_bounds,
         index_tag: Default::default(),
     };
-    budget
-        .check_invariants()
-        .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+    budget.check_invariants().map_err(DecodeError::invalid)?;
     Ok(budget)
 }
 
@@ -244,5 +242,17 @@ mod tests {
         let mut huge = vec![0u8; 9];
         huge.extend([0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
         assert!(decode_budget(BUDGET_ENCVER, &huge).is_err());
+    }
+
+    #[test]
+    fn an_inconsistent_value_is_named_without_a_second_error_code() {
+        let mut b = sample();
+        b.reserved = b.reserved.checked_add(1).unwrap();
+        let err = decode_budget(BUDGET_ENCVER, &encode_budget(&b)).unwrap_err();
+        // QUOTA.LOAD replies `ERR QUOTA.LOAD: <this>`: one code, at the front.
+        assert_eq!(
+            err.to_string(),
+            "inconsistent payload: corrupt budget value: reserved differs from the pending sum"
+        );
     }
 }

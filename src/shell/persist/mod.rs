@@ -6,8 +6,10 @@
 //! bincode is pinned (`=1.3.3`, format frozen, RUSTSEC-2025-0141 "unmaintained"): swapping it
 //! means a new encver with a new decoder, nothing else.
 //!
-//! Decoding never trusts the bytes: a size limit caps every allocation at the buffer's length,
-//! and the decoded value must pass its invariants before it is accepted.
+//! Decoding never trusts the bytes: bincode reads no further than the buffer (and at most
+//! 1 GiB, `MAX_BUFFER`), serde pre-allocates a sequence only cautiously (a claimed length
+//! allocates little until its elements are actually read), and the decoded value must pass its
+//! invariants before it is accepted.
 
 pub mod budget;
 pub mod window;
@@ -28,6 +30,15 @@ pub enum DecodeError {
     Invalid(String),
 }
 
+impl DecodeError {
+    /// A decoded value that breaks an invariant; the core's error code (`ERR `) is dropped, as
+    /// the reply that carries this error has its own.
+    pub fn invalid(e: impl std::fmt::Display) -> DecodeError {
+        let msg = e.to_string();
+        DecodeError::Invalid(msg.strip_prefix("ERR ").unwrap_or(&msg).to_string())
+    }
+}
+
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -38,7 +49,7 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-/// The bincode options every encoding uses; decoding also caps each allocation.
+/// The bincode options every encoding uses (a 1 GiB limit on what one decode reads).
 pub(crate) fn options() -> impl Options {
     bincode::DefaultOptions::new().with_limit(MAX_BUFFER)
 }

@@ -33,8 +33,7 @@ fn decode_v1(bytes: &[u8]) -> Result<Window, DecodeError> {
     let w: Window = options()
         .deserialize(bytes)
         .map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    w.validate()
-        .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+    w.validate().map_err(DecodeError::invalid)?;
     Ok(w)
 }
 

@@ -1,0 +1,138 @@
+//! Applying a plan's effects to a budget, and what follows every change: keyspace events, the
+//! module counters (INFO), the sweeper's index, and on a master the replication of the effects
+//! applied. Shared by the commands, the replicated `QUOTA.APPLY`, the sweeper and the data
+//! type's callbacks (the counters).
+
+use redis_module::{Context, RedisError, RedisString};
+
+use crate::core::ledger::{Budget, Effect, View};
+use crate::shell::reply::error_reply;
+use crate::shell::{events, replicate, stats, sweeper};
+
+/// Applies effects to a budget in place (master path) and replicates the ones applied.
+/// Returns the budget's view at `at` afterwards, or the error that stopped the effects (the
+/// ones before it are kept and replicated).
+pub fn apply_and_propagate(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+) -> Result<View, RedisError> {
+    let (result, view) = apply_and_replicate(ctx, key_name, budget, at, effects);
+    match result.error {
+        Some(e) => Err(e),
+        None => Ok(view),
+    }
+}
+
+/// [`apply_tracked`], then replicates the effects applied and counts their releases of
+/// expired reservations (INFO `quota_expired`). Returns how far the effects got and the view
+/// at `at` afterwards.
+pub fn apply_and_replicate(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+) -> (Applied, View) {
+    let (result, view) = apply_tracked(ctx, key_name, budget, at, effects);
+    let applied = effects.get(..result.applied).unwrap_or(&[]);
+    replicate::replicate_effects(ctx, key_name, at, applied);
+    stats::add(&stats::EXPIRED, releases(applied));
+    (result, view)
+}
+
+/// Applies effects in place and does what follows any change, on a master or a replica alike:
+/// publish their keyspace events, keep the module counters and the sweeper's index in step.
+/// Replication is the caller's: effects on a master, verbatim on a replica. Returns how far
+/// the effects got and the budget's view at `at` afterwards (computed once, for the events and
+/// the caller's reply).
+pub fn apply_tracked(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+) -> (Applied, View) {
+    let before = Counts::of(budget);
+    let result = apply_all(budget, at, effects);
+    Counts::of(budget).record_since(&before);
+    let view = budget.view(at);
+    let applied = effects.get(..result.applied).unwrap_or(&[]);
+    events::notify(ctx, key_name, applied, view.available);
+    sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
+    (result, view)
+}
+
+/// Pending and remembered counts of a budget, to keep the module-wide totals in step.
+pub struct Counts {
+    pending: i64,
+    remembered: i64,
+}
+
+impl Counts {
+    /// The counts of `b` now.
+    pub fn of(b: &Budget) -> Counts {
+        Counts {
+            pending: i64::try_from(b.book().pending_len()).unwrap_or(i64::MAX),
+            remembered: i64::try_from(b.book().finished_len()).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// Adds the change from `before` to the module totals.
+    pub fn record_since(&self, before: &Counts) {
+        stats::add(&stats::PENDING, self.pending.saturating_sub(before.pending));
+        stats::add(
+            &stats::REMEMBERED,
+            self.remembered.saturating_sub(before.remembered),
+        );
+    }
+
+    /// Adds a whole value (created or loaded) to the module totals.
+    pub fn adopt(&self) {
+        stats::add(&stats::PENDING, self.pending);
+        stats::add(&stats::REMEMBERED, self.remembered);
+        stats::bump(&stats::BUDGET_KEYS);
+    }
+
+    /// Removes a whole value (freed) from the module totals.
+    pub fn drop_value(&self) {
+        stats::add(&stats::PENDING, self.pending.saturating_neg());
+        stats::add(&stats::REMEMBERED, self.remembered.saturating_neg());
+        stats::add(&stats::BUDGET_KEYS, -1);
+    }
+}
+
+/// How far a list of effects got.
+pub struct Applied {
+    /// How many effects, from the first, were applied.
+    pub applied: usize,
+    /// Why the next one was not (`None`: all were).
+    pub error: Option<RedisError>,
+}
+
+/// Applies effects in order, stopping at the first that does not fit (nothing of it applied).
+pub fn apply_all(budget: &mut Budget, at: i64, effects: &[Effect]) -> Applied {
+    for (i, e) in effects.iter().enumerate() {
+        if let Err(err) = budget.apply(at, e) {
+            return Applied {
+                applied: i,
+                error: Some(error_reply(err)),
+            };
+        }
+    }
+    Applied {
+        applied: effects.len(),
+        error: None,
+    }
+}
+
+/// How many of `effects` release an expired reservation.
+pub fn releases(effects: &[Effect]) -> i64 {
+    let n = effects
+        .iter()
+        .filter(|e| matches!(e, Effect::Release { .. }))
+        .count();
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
