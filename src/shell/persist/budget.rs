@@ -8,6 +8,7 @@ use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
 use crate::core::id::StreamId;
 use crate::core::ledger::{Budget, Settings};
 use crate::core::period::{Period, PeriodKind};
+use crate::shell::config::MAX_ID_LENGTH_RANGE;
 
 /// Encoding version of budget values written by this build.
 /// - 1: ledger, pending reservations, finished ids.
@@ -109,6 +110,14 @@ pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
     }
 }
 
+const BAD_ID: &str = "an id is empty, longer than 65536 bytes or repeated";
+
+/// Could a command name this id (1..=65536 bytes, the hard cap of `quota.max-id-length`)? No
+/// server ever stored another: one in a payload is forged, and would be stuck.
+fn nameable(id: &[u8]) -> bool {
+    !id.is_empty() && i64::try_from(id.len()).is_ok_and(|n| n <= MAX_ID_LENGTH_RANGE.1)
+}
+
 fn from_v1(
     v: BudgetV1,
     period: Option<(Period, Option<(i64, i64)>)>,
@@ -116,8 +125,8 @@ fn from_v1(
     let (period, period_bounds) = period.unwrap_or_else(|| (Period::none(), None));
     let mut book = Book::default();
     for (id, amount, created_ms, deadline_ms) in v.pending {
-        if id.is_empty() || book.get(&id).is_some() {
-            return Err(DecodeError::Invalid("empty or repeated id".into()));
+        if !nameable(&id) || book.get(&id).is_some() {
+            return Err(DecodeError::Invalid(BAD_ID.into()));
         }
         book.put(
             &id,
@@ -129,8 +138,8 @@ fn from_v1(
         );
     }
     for (id, o, finished_ms) in v.finished {
-        if id.is_empty() || book.get(&id).is_some() {
-            return Err(DecodeError::Invalid("empty or repeated id".into()));
+        if !nameable(&id) || book.get(&id).is_some() {
+            return Err(DecodeError::Invalid(BAD_ID.into()));
         }
         let outcome = match o {
             OutcomeV1::Settled { actual, late } => Outcome::Settled { actual, late },
@@ -242,6 +251,28 @@ mod tests {
         let mut huge = vec![0u8; 9];
         huge.extend([0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
         assert!(decode_budget(BUDGET_ENCVER, &huge).is_err());
+    }
+
+    #[test]
+    fn ids_no_command_could_name_are_refused() {
+        let pending = |id: Vec<u8>| {
+            let mut b = Budget::new(sample().settings, 1);
+            b.book.put(
+                &id,
+                Entry::Pending(Reservation {
+                    amount: 1,
+                    created_ms: 1,
+                    deadline_ms: 2,
+                }),
+            );
+            b.reserved = 1;
+            decode_budget(BUDGET_ENCVER, &encode_budget(&b))
+        };
+        assert!(pending(vec![b'x'; 65_536]).is_ok());
+        assert_eq!(
+            pending(vec![b'x'; 65_537]).unwrap_err(),
+            DecodeError::Invalid(BAD_ID.into())
+        );
     }
 
     #[test]
