@@ -35,6 +35,14 @@ pub const DEFAULT_KEEP_MS: i64 = 3_600_000;
 /// Longest reservation TTL (ms): 10^15 ms, about 31,700 years. Larger TTLs would let a
 /// deadline overflow i64 and make every later RESERVE on the key fail.
 pub const MAX_TTL_MS: i64 = 1_000_000_000_000_000;
+
+/// A TTL outside `1..=MAX_TTL_MS` (the text spells the bound: a `&'static str` cannot format).
+const BAD_TTL: LedgerError =
+    LedgerError::Invalid("TTL must be positive and at most 1000000000000000 ms");
+
+fn period_error(e: crate::core::period::PeriodError) -> LedgerError {
+    LedgerError::Period(e.to_string())
+}
 /// Most expired reservations released, and most finished ids forgotten, by one write.
 pub const MAINTENANCE_BATCH: usize = 64;
 
@@ -287,10 +295,7 @@ impl Budget {
     pub fn current_bounds(&self, now: i64) -> Result<Option<(i64, i64)>, LedgerError> {
         match self.period_bounds {
             Some((start, end)) if now >= start && now < end => Ok(Some((start, end))),
-            _ => self
-                .period
-                .bounds(now)
-                .map_err(|e| LedgerError::Period(e.to_string())),
+            _ => self.period.bounds(now).map_err(period_error),
         }
     }
 
@@ -617,9 +622,7 @@ impl Budget {
         if used < 0 {
             return Err(LedgerError::Invalid("USED must not be negative"));
         }
-        let bounds = period
-            .bounds(now)
-            .map_err(|e| LedgerError::Period(e.to_string()))?;
+        let bounds = period.bounds(now).map_err(period_error)?;
         Ok(Effect::Configure {
             settings,
             used,
@@ -652,9 +655,7 @@ impl Budget {
         let bounds = if period == self.period {
             self.current_bounds(now)?
         } else {
-            period
-                .bounds(now)
-                .map_err(|e| LedgerError::Period(e.to_string()))?
+            period.bounds(now).map_err(period_error)?
         };
         // Nothing to change as a read sees it (e.g. `QUOTA.SET key` with no options, also just
         // after a boundary, where the reset is still only logical): no effects, as for any
@@ -739,9 +740,7 @@ impl Budget {
         }
         let ttl = ttl_ms.unwrap_or(self.settings.default_ttl_ms);
         if !(1..=MAX_TTL_MS).contains(&ttl) {
-            return Err(LedgerError::Invalid(
-                "TTL must be positive and at most 1000000000000000 ms",
-            ));
+            return Err(BAD_TTL);
         }
         let deadline_ms = now.checked_add(ttl).ok_or(LedgerError::Invalid(
             "TTL too large: the deadline would overflow",
@@ -889,9 +888,7 @@ impl Budget {
         ttl_ms: i64,
     ) -> Result<Plan<i64>, LedgerError> {
         if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
-            return Err(LedgerError::Invalid(
-                "TTL must be positive and at most 1000000000000000 ms",
-            ));
+            return Err(BAD_TTL);
         }
         match self.id_state(id, now, policy.keep_ms) {
             IdState::Unknown => Err(LedgerError::NoReservation { id: id.to_vec() }),
@@ -1300,9 +1297,17 @@ pub fn validate_settings(s: &Settings) -> Result<(), LedgerError> {
         return Err(LedgerError::Invalid("MAXRESERVE must not be negative"));
     }
     if !(1..=MAX_TTL_MS).contains(&s.default_ttl_ms) {
-        return Err(LedgerError::Invalid(
-            "TTL must be positive and at most 1000000000000000 ms",
-        ));
+        return Err(BAD_TTL);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ttl_error_spells_the_bound() {
+        assert!(BAD_TTL.to_string().ends_with(&format!(" {MAX_TTL_MS} ms")));
+    }
 }
