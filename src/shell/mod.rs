@@ -19,6 +19,7 @@ pub mod replicate;
 pub mod reply;
 pub mod stats;
 pub mod sweeper;
+pub mod type_methods;
 pub mod window_apply;
 pub mod window_cmds;
 pub mod window_type;

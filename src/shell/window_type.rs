@@ -11,9 +11,9 @@ use std::os::raw::{c_int, c_void};
 use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::window::Window;
-use crate::shell::budget_type::{add_digest, emit_load, type_methods, TypeCallbacks};
 use crate::shell::persist::{decode_window, encode_window, WINDOW_ENCVER};
 use crate::shell::stats;
+use crate::shell::type_methods::{add_digest, emit_load, type_methods, TypeCallbacks};
 
 /// The type's name, also the type token of `QUOTA.LOAD`.
 pub const WINDOW_TYPE_NAME: &str = "rq-window";
