@@ -19,35 +19,43 @@ pub fn apply_and_propagate(
     at: i64,
     effects: &[Effect],
 ) -> Result<View, RedisError> {
-    let (result, view) = apply_and_replicate(ctx, key_name, budget, at, effects);
+    let (result, view) = apply_tracked(ctx, key_name, budget, at, effects);
+    replicate_applied(ctx, key_name, at, effects, &result);
     match result.error {
         Some(e) => Err(e),
         None => Ok(view),
     }
 }
 
-/// [`apply_tracked`], then replicates the effects applied and counts their releases of
-/// expired reservations (INFO `quota_expired`). Returns how far the effects got and the view
-/// at `at` afterwards.
+/// [`apply_and_propagate`] without the view afterwards (the sweeper's: a view walks every
+/// expired reservation not yet released, which a sweep of a big backlog leaves behind).
 pub fn apply_and_replicate(
     ctx: &Context,
     key_name: &RedisString,
     budget: &mut Budget,
     at: i64,
     effects: &[Effect],
-) -> (Applied, View) {
-    let (result, view) = apply_tracked(ctx, key_name, budget, at, effects);
+) -> Applied {
+    let result = apply_counted(ctx, key_name, budget, at, effects).0;
+    replicate_applied(ctx, key_name, at, effects, &result);
+    result
+}
+
+/// Replicates the effects `result` says were applied, and counts their releases of expired
+/// reservations (INFO `quota_expired`).
+fn replicate_applied(
+    ctx: &Context,
+    key_name: &RedisString,
+    at: i64,
+    effects: &[Effect],
+    result: &Applied,
+) {
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
     stats::add(&stats::EXPIRED, releases(applied));
-    (result, view)
 }
 
-/// Applies effects in place and does what follows any change, on a master or a replica alike:
-/// publish their keyspace events, keep the module counters and the sweeper's index in step.
-/// Replication is the caller's: effects on a master, verbatim on a replica. Returns how far
-/// the effects got and the budget's view at `at` afterwards (computed once, for the events and
-/// the caller's reply).
+/// [`apply_counted`], and the budget's view at `at` afterwards (for the caller's reply).
 pub fn apply_tracked(
     ctx: &Context,
     key_name: &RedisString,
@@ -55,12 +63,32 @@ pub fn apply_tracked(
     at: i64,
     effects: &[Effect],
 ) -> (Applied, View) {
+    let (result, view) = apply_counted(ctx, key_name, budget, at, effects);
+    let view = view.unwrap_or_else(|| budget.view(at));
+    (result, view)
+}
+
+/// Applies effects in place and does what follows any change, on a master or a replica alike:
+/// publish their keyspace events, keep the module counters and the sweeper's index in step.
+/// Replication is the caller's: effects on a master, verbatim on a replica. Returns how far
+/// the effects got, and the view at `at` afterwards if the events needed it (a grant or
+/// charge: `quota.exhausted`).
+pub fn apply_counted(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+) -> (Applied, Option<View>) {
     let before = Counts::of(budget);
     let result = apply_all(budget, at, effects);
     Counts::of(budget).record_since(&before);
-    let view = budget.view(at);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
-    events::notify(ctx, key_name, applied, view.available);
+    let budget = &*budget;
+    let mut view = None;
+    events::notify(ctx, key_name, applied, || {
+        view.get_or_insert_with(|| budget.view(at)).available
+    });
     sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
     (result, view)
 }

@@ -13,7 +13,7 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{Budget, Effect};
-use crate::shell::apply::{apply_all, apply_tracked, Counts};
+use crate::shell::apply::{apply_all, apply_counted, Counts};
 use crate::shell::args::{parse_i64, Args};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
 use crate::shell::key::ModuleKey;
@@ -54,7 +54,7 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
     let result = match key.value_mut::<Budget>(&BUDGET_TYPE)? {
-        Some(budget) => apply_tracked(ctx, key_name, budget, at, &list).0,
+        Some(budget) => apply_counted(ctx, key_name, budget, at, &list).0,
         None => {
             // Only a CONFIG effect creates a budget.
             let Some(Effect::Configure { settings, .. }) = list.first() else {
@@ -67,7 +67,12 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
                 key.set_value(&BUDGET_TYPE, budget)?;
                 counts.adopt();
-                events::notify(ctx, key_name, list.get(..result.applied).unwrap_or(&[]), 0);
+                events::notify(
+                    ctx,
+                    key_name,
+                    list.get(..result.applied).unwrap_or(&[]),
+                    || 0,
+                );
             }
             result
         }

@@ -166,7 +166,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     key.set_value(&BUDGET_TYPE, budget)?;
     counts.adopt();
     replicate::replicate_effects(ctx, key_name, wall, std::slice::from_ref(&configure));
-    events::notify(ctx, key_name, &[configure], 0);
+    events::notify(ctx, key_name, &[configure], || 0);
     Ok(RedisValue::Integer(1))
 }
 

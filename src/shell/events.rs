@@ -42,8 +42,14 @@ pub fn publish(ctx: &Context, key: &RedisString, name: &CStr) {
     }
 }
 
-/// Publishes the events of `effects` on `key`; `available_after` decides `quota.exhausted`.
-pub fn notify(ctx: &Context, key: &RedisString, effects: &[Effect], available_after: i64) {
+/// Publishes the events of `effects` on `key`; `available_after` (called only after a grant
+/// or charge) decides `quota.exhausted`.
+pub fn notify(
+    ctx: &Context,
+    key: &RedisString,
+    effects: &[Effect],
+    available_after: impl FnOnce() -> i64,
+) {
     let mut last = None;
     let mut spends = false;
     for e in effects {
@@ -56,7 +62,7 @@ pub fn notify(ctx: &Context, key: &RedisString, effects: &[Effect], available_af
             }
         }
     }
-    if spends && available_after <= 0 {
+    if spends && available_after() <= 0 {
         publish(ctx, key, c"quota.exhausted");
     }
 }

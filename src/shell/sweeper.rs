@@ -286,7 +286,7 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
     // time, so a swept key and an unswept one answer every later command alike. The effects
     // that apply are replicated and counted (INFO's expired) as any write's lazy releases are.
     let key_clock = budget.clock_ms();
-    let (result, _) = apply::apply_and_replicate(ctx, &key_name, budget, key_clock, &effects);
+    let result = apply::apply_and_replicate(ctx, &key_name, budget, key_clock, &effects);
     let released = apply::releases(effects.get(..result.applied).unwrap_or(&[]));
     stats::add(&stats::SWEEP_RELEASED, released);
     (usize::try_from(released).unwrap_or(usize::MAX), lag)
