@@ -293,6 +293,60 @@ fn work_per_command_and_per_sweeper_tick_is_bounded() {
     assert_eq!(stats(&mut c)["quota_expired"], N as i64 + 10);
 }
 
+/// Forgetting finished ids counts against `sweep-effort` too: 40 000 ids past `finished-ttl`
+/// in 200 keys are forgotten over many ticks, none above the effort (a tick once forgot a
+/// key's ids up to the whole effort while counting the key as one unit: all 40 000 in one
+/// tick, blocking the server for seconds at larger sizes).
+#[test]
+fn a_sweeper_tick_bounds_its_forgets_too() {
+    const KEYS: usize = 200;
+    const IDS: usize = 40_000;
+    const EFFORT: i64 = 500;
+    let s = Server::start_with_module_args(&[], &["test-clock", "yes", "sweep-effort", "0"]);
+    let mut c = s.conn();
+    pipelined(&mut c, KEYS, |k| {
+        args(&[
+            "QUOTA.SET",
+            &format!("k{k}"),
+            "LIMIT",
+            "1000000000",
+            "AT",
+            "1000",
+        ])
+    });
+    // Charged at AT 1000 (1970): an hour's finished-ttl has long passed by the wall clock the
+    // sweeper reads, so every id is due at once.
+    pipelined(&mut c, IDS, |i| {
+        let (key, id) = (format!("k{}", i % KEYS), format!("c{i}"));
+        args(&["QUOTA.CHARGE", &key, "1", "ID", &id, "AT", "1000"])
+    });
+    let start = stats(&mut c);
+    assert_eq!(start["quota_remembered_ids"], IDS as i64);
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "quota.sweep-effort", &EFFORT.to_string()],
+    );
+    let mut last = start.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while last["quota_remembered_ids"] > 0 {
+        assert!(Instant::now() < deadline, "sweeper too slow: {last:?}");
+        std::thread::sleep(Duration::from_millis(5));
+        let now = stats(&mut c);
+        let runs = now["quota_sweeper_runs"] - last["quota_sweeper_runs"];
+        let forgotten = last["quota_remembered_ids"] - now["quota_remembered_ids"];
+        assert!(
+            forgotten <= EFFORT * runs,
+            "{forgotten} forgotten in {runs} ticks (effort {EFFORT})"
+        );
+        last = now;
+    }
+    let runs = last["quota_sweeper_runs"] - start["quota_sweeper_runs"];
+    assert!(
+        runs >= IDS as i64 / EFFORT,
+        "{IDS} forgotten in {runs} ticks"
+    );
+}
+
 /// MEMORY USAGE of values against what deleting them gives back to the allocator. Measured on
 /// a fresh connection after closing `c`: the buffers of a pipelining client would otherwise be
 /// shrunk by Redis's client cron at any moment, moving `used_memory` by tens of KB.

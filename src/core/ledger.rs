@@ -457,10 +457,13 @@ impl Budget {
         self.cleanup(now, keep_ms, skip, MAINTENANCE_BATCH)
     }
 
-    /// The active sweeper's work on this key: release up to `max` expired reservations and
-    /// forget up to `max` stale ids, soonest first.
+    /// The active sweeper's work on this key: release expired reservations and forget stale
+    /// ids, soonest first, at most `max` effects in all (so the sweeper's effort bounds its
+    /// forgets too). Any prefix of the cleanup is a valid plan: the rest comes due again.
     pub fn plan_sweep(&self, now: i64, keep_ms: i64, max: usize) -> Effects {
-        self.cleanup(now, keep_ms, None, max)
+        let mut effects = self.cleanup(now, keep_ms, None, max);
+        effects.truncate(max);
+        effects
     }
 
     /// When this key next has cleanup due: the soonest deadline, or the soonest time a

@@ -23,7 +23,7 @@ pub static FINISHED_TTL: AtomicI64 = AtomicI64::new(FINISHED_TTL_DEFAULT);
 pub static MAX_PENDING: AtomicI64 = AtomicI64::new(MAX_PENDING_DEFAULT);
 /// `quota.max-id-length` (bytes).
 pub static MAX_ID_LENGTH: AtomicI64 = AtomicI64::new(MAX_ID_LENGTH_DEFAULT);
-/// `quota.sweep-effort`: most reservations the active sweeper releases per tick; 0 turns the
+/// `quota.sweep-effort`: most releases and forgets the active sweeper makes per tick; 0 turns the
 /// sweeper off (expired reservations are then released lazily, by writes to their key).
 pub static SWEEP_EFFORT: AtomicI64 = AtomicI64::new(SWEEP_EFFORT_DEFAULT);
 /// `quota.test-clock`: when on, time-dependent commands accept `AT unix_ms`. Unsafe in production.
@@ -39,7 +39,7 @@ pub const FINISHED_TTL_RANGE: (i64, i64) = (0, i64::MAX);
 pub const MAX_PENDING_RANGE: (i64, i64) = (1, i64::MAX);
 /// `quota.max-id-length` (bytes).
 pub const MAX_ID_LENGTH_RANGE: (i64, i64) = (1, 65_536);
-/// `quota.sweep-effort` (releases per tick; 0: no active expiry).
+/// `quota.sweep-effort` (releases and forgets per tick; 0: no active expiry).
 pub const SWEEP_EFFORT_RANGE: (i64, i64) = (0, 1_000_000);
 
 /// Checks `loadmodule path name value ...` arguments. Redis 7.0 takes them as the configs'
@@ -119,7 +119,7 @@ pub fn test_clock() -> bool {
     TEST_CLOCK.load(Ordering::Relaxed)
 }
 
-/// `quota.sweep-effort` now (releases per sweeper tick; 0: no active expiry).
+/// `quota.sweep-effort` now (releases and forgets per sweeper tick; 0: no active expiry).
 pub fn sweep_effort() -> usize {
     usize::try_from(SWEEP_EFFORT.load(Ordering::Relaxed)).unwrap_or(0)
 }

@@ -3,7 +3,8 @@
 //!
 //! - A module-wide index orders keys by their next due time (soonest reservation deadline or
 //!   id-forget time), so a tick never scans the keyspace: it pops due keys, soonest first.
-//! - Each tick does bounded work: at most `quota.sweep-effort` releases, then it yields.
+//! - Each tick does bounded work: at most `quota.sweep-effort` releases and forgets, then it
+//!   yields.
 //! - Each release is an ordinary effect, replicated as `QUOTA.APPLY` and published as a
 //!   `quota.expire` keyspace event. Replicas never sweep: they apply the master's effects.
 //! - Nothing is replicated while `RM_AvoidReplicaTraffic()` says so (failover, CLIENT PAUSE).
@@ -205,8 +206,8 @@ fn tick(ctx: &Context, _: ()) {
     ctx.create_timer(Duration::from_millis(next), tick, ());
 }
 
-/// Releases at most `quota.sweep-effort` expired reservations, soonest due keys first, on a
-/// master. True if it used its whole effort and keys are still due.
+/// Releases expired reservations and forgets stale ids, at most `quota.sweep-effort` of them,
+/// soonest due keys first, on a master. True if it used its whole effort and keys are still due.
 fn sweep(ctx: &Context) -> bool {
     let flags = ctx.get_flags();
     if !flags.contains(ContextFlags::MASTER)
@@ -234,8 +235,8 @@ fn sweep(ctx: &Context) -> bool {
             }
             current_db = db;
         }
-        let (released, key_lag) = sweep_key(ctx, db, &name, now, keep, left);
-        left = left.saturating_sub(released.max(1));
+        let (work, key_lag) = sweep_key(ctx, db, &name, now, keep, left);
+        left = left.saturating_sub(work.max(1));
         lag = lag.max(key_lag);
     }
     if current_db != 0 {
@@ -248,7 +249,8 @@ fn sweep(ctx: &Context) -> bool {
     left == 0 && any_due(now)
 }
 
-/// Sweeps one key; returns (reservations released, largest lag in ms).
+/// Sweeps one key with at most `max` effects (releases and forgets); returns (effects applied,
+/// largest lag in ms).
 fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usize) -> (usize, i64) {
     // Not `ctx.create_string`: it goes through `CString::new(..).unwrap()` and panics on a key
     // name containing a NUL byte, which is a valid Redis key.
@@ -289,7 +291,7 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
     let result = apply::apply_and_replicate(ctx, &key_name, budget, key_clock, &effects);
     let released = apply::releases(effects.get(..result.applied).unwrap_or(&[]));
     stats::add(&stats::SWEEP_RELEASED, released);
-    (usize::try_from(released).unwrap_or(usize::MAX), lag)
+    (result.applied, lag)
 }
 
 /// Keyspace hook: a budget that arrives under a new name (RENAME, MOVE, COPY, RESTORE) is
