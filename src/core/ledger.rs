@@ -584,7 +584,10 @@ impl Budget {
     /// Next generated id at `now`: stream-style `<ms>-<seq>`, strictly greater than any
     /// stream-style id this key has seen, so ids stay unique across restarts and failovers.
     fn next_id(&self, now: i64) -> Result<Id, LedgerError> {
-        let mut candidate = self.last_id.next(now).ok_or(LedgerError::Overflow)?;
+        // Exhausted only by a client id of `18446744073709551615-18446744073709551615` form
+        // at or behind the clock: name it, not an amount overflow.
+        let exhausted = LedgerError::Invalid("no id left to generate: pass ID");
+        let mut candidate = self.last_id.next(now).ok_or(exhausted.clone())?;
         // An id above every known id is free: the usual case, as generated ids arrive in order
         // (one descent to the last id instead of a search).
         let last = self.book.last_id();
@@ -595,7 +598,7 @@ impl Budget {
             if above_all || self.book.get(&id).is_none() {
                 return Ok(id);
             }
-            candidate = candidate.next(now).ok_or(LedgerError::Overflow)?;
+            candidate = candidate.next(now).ok_or(exhausted.clone())?;
         }
         Err(LedgerError::Invalid("could not generate a fresh id"))
     }
@@ -1228,8 +1231,17 @@ impl Budget {
         self.book.put(id, finished(outcome, finished_ms));
     }
 
-    /// Checks the ledger invariants; used after loading untrusted data and in tests.
+    /// Checks the ledger invariants; used after loading untrusted data and in tests. Errors:
+    /// [`LedgerError::Corrupt`] naming the broken one.
     pub fn check_invariants(&self) -> Result<(), LedgerError> {
+        self.check_invariants_inner().map_err(|e| match e {
+            LedgerError::BadEffect(why) | LedgerError::Invalid(why) => LedgerError::Corrupt(why),
+            LedgerError::Overflow => LedgerError::Corrupt("used + reserved out of range"),
+            other => other,
+        })
+    }
+
+    fn check_invariants_inner(&self) -> Result<(), LedgerError> {
         validate_settings(&self.settings)?;
         validate_bounds(self.period_bounds)?;
         if self.period.is_none() != self.period_bounds.is_none() {

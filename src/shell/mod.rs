@@ -24,13 +24,28 @@ pub mod window_apply;
 pub mod window_cmds;
 pub mod window_type;
 
-/// Makes `msg` safe for the Redis log, which treats it as a printf format and stops at NUL.
+/// Makes `msg` safe for the Redis log, which treats it as a printf format and stops at NUL,
+/// and keeps it on one line (a decoder's message may hold a newline).
 pub fn log_safe(msg: &str) -> String {
-    msg.replace('%', "%%").replace('\0', "\\0")
+    msg.replace('%', "%%")
+        .replace('\0', "\\0")
+        .replace('\r', "\\r")
+        .replace('\n', "\\n")
 }
 
 /// The crate reports a type mismatch as "Existing key has wrong Redis type" (no code prefix);
 /// Redis clients expect the canonical `WRONGTYPE` error.
 pub fn wrongtype<T>(r: Result<T, redis_module::RedisError>) -> Result<T, redis_module::RedisError> {
     r.map_err(|_| redis_module::RedisError::WrongType)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_lines_stay_one_line_and_literal() {
+        assert_eq!(
+            super::log_safe("a%sb\0c\r\nd"),
+            "a%%sb\\0c\\r\\nd".to_string()
+        );
+    }
 }

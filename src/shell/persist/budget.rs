@@ -97,7 +97,7 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
 
 /// Decodes a budget written at encoding version `encver`.
 pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
-    let malformed = |e: bincode::Error| DecodeError::Malformed(e.to_string());
+    let malformed = DecodeError::from_bincode;
     match encver {
         1 => from_v1(options().deserialize(bytes).map_err(malformed)?, None),
         2 => {
@@ -159,7 +159,12 @@ fn from_v1(
         settings: Settings {
             limit: v.limit,
             overdraft: v.overdraft,
-            max_reserve: (v.max_reserve >= 0).then_some(v.max_reserve),
+            max_reserve: match v.max_reserve {
+                -1 => None,
+                m if m >= 0 => Some(m),
+                // Only -1 means "no cap": another negative was never written.
+                _ => return Err(DecodeError::Invalid("MAXRESERVE below -1".into())),
+            },
             default_ttl_ms: v.default_ttl_ms,
         },
         used: v.used,
@@ -284,6 +289,17 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "inconsistent payload: corrupt budget value: reserved differs from the pending sum"
+        );
+        let mut v: BudgetV2 = options().deserialize(&encode_budget(&sample())).unwrap();
+        v.v1.max_reserve = -7;
+        let err = decode_budget(BUDGET_ENCVER, &options().serialize(&v).unwrap()).unwrap_err();
+        assert_eq!(err, DecodeError::Invalid("MAXRESERVE below -1".into()));
+        let mut b = sample();
+        b.period_bounds = Some((5, 5));
+        let err = decode_budget(BUDGET_ENCVER, &encode_budget(&b)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "inconsistent payload: corrupt budget value: empty period"
         );
     }
 }

@@ -37,6 +37,21 @@ impl DecodeError {
         let msg = e.to_string();
         DecodeError::Invalid(msg.strip_prefix("ERR ").unwrap_or(&msg).to_string())
     }
+
+    /// A bincode failure. A check of ours run while decoding (a window's buckets) reports
+    /// through serde with its `ERR ` text: that value is inconsistent, not malformed.
+    pub fn from_bincode(e: bincode::Error) -> DecodeError {
+        match *e {
+            bincode::ErrorKind::Custom(ref msg) if msg.starts_with("ERR ") => {
+                DecodeError::invalid(msg)
+            }
+            // Its message is empty.
+            bincode::ErrorKind::Io(ref io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                DecodeError::Malformed("the payload ends early".to_string())
+            }
+            _ => DecodeError::Malformed(e.to_string()),
+        }
+    }
 }
 
 impl std::fmt::Display for DecodeError {

@@ -32,7 +32,7 @@ pub fn decode_window(encver: i32, bytes: &[u8]) -> Result<Window, DecodeError> {
 fn decode_v1(bytes: &[u8]) -> Result<Window, DecodeError> {
     let w: Window = options()
         .deserialize(bytes)
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        .map_err(DecodeError::from_bincode)?;
     w.validate().map_err(DecodeError::invalid)?;
     Ok(w)
 }
@@ -73,6 +73,28 @@ mod tests {
             0x0c, 0xfb, 0x06, 0x04, 0x06, 0xfb, 0xae, 0x04, 0x06,
         ];
         assert_eq!(bytes, golden, "{bytes:02x?}");
+    }
+
+    /// A check the decoder runs on the buckets (their index span) reports an inconsistent
+    /// value with one error code, as the final validation does; a cut payload says so.
+    #[test]
+    fn refusals_name_their_cause() {
+        let mut bytes = vec![
+            0xfb, 0xd0, 0x07, 0x14, 0xfb, 0xd0, 0x07, 0xfb, 0xde, 0x2e, 0x02,
+        ];
+        bytes.extend([0x00, 0x02, 0xfd]); // bucket (0, 1), then index 2^33 (zigzag 2^34)
+        bytes.extend((1u64 << 34).to_le_bytes());
+        bytes.push(0x02);
+        assert_eq!(
+            decode_window(1, &bytes).unwrap_err().to_string(),
+            "inconsistent payload: corrupt window value: bucket index span"
+        );
+        assert_eq!(
+            decode_window(1, &encode_window(&sample())[..5])
+                .unwrap_err()
+                .to_string(),
+            "malformed payload: the payload ends early"
+        );
     }
 
     #[test]
