@@ -1318,8 +1318,29 @@ pub fn validate_settings(s: &Settings) -> Result<(), LedgerError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exhausted_id_generator_says_so() {
+        let settings = Settings {
+            limit: 10,
+            overdraft: 0,
+            max_reserve: None,
+            default_ttl_ms: 1000,
+        };
+        let mut b = Budget::new(settings, 1);
+        b.last_id = StreamId {
+            ms: u64::MAX,
+            seq: u64::MAX,
+        };
+        let err = b
+            .plan_reserve(5, &Policy::default(), 1, None, None)
+            .err()
+            .unwrap();
+        assert_eq!(err.to_string(), "ERR no id left to generate: pass ID");
+    }
 
     #[test]
     fn the_ttl_error_spells_the_bound() {
