@@ -181,6 +181,28 @@ fn ids_longer_than_max_id_length_are_refused_everywhere() {
         &["QUOTA.RESERVE", "t", "1", "ID", &"j".repeat(65537)],
     );
     assert_eq!(code, "ERR");
+    // Lowering the config keeps retries answered: a known id of any length up to the cap gets
+    // its remembered reply (was `ERR id is longer than 4 bytes`); a new long one is refused.
+    ok(&mut c, &["QUOTA.CHARGE", "t", "5", "ID", "charge-1"]);
+    let before = info(&mut c, "t");
+    ok(&mut c, &["CONFIG", "SET", "quota.max-id-length", "4"]);
+    let retry = ok(&mut c, &["QUOTA.CHARGE", "t", "5", "ID", "charge-1"]);
+    assert_eq!(items(&retry)[0], Value::Int(1), "{retry:?}");
+    let again = ok(&mut c, &["QUOTA.RESERVE", "t", "1", "ID", &longest]);
+    assert_eq!(items(&again)[0], Value::Int(1), "{again:?}");
+    let after = info(&mut c, "t");
+    assert_eq!(
+        (after["used"], after["reserved"]),
+        (before["used"], before["reserved"])
+    );
+    for cmd in [
+        vec!["QUOTA.RESERVE", "t", "1", "ID", "new-1"],
+        vec!["QUOTA.CHARGE", "t", "1", "ID", "new-2"],
+    ] {
+        let (code, msg) = err(&mut c, &cmd);
+        assert_eq!(code, "ERR", "{cmd:?}");
+        assert!(msg.contains("longer than 4 bytes"), "{msg}");
+    }
 }
 
 #[test]

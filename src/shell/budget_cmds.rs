@@ -10,6 +10,7 @@ use crate::core::period::{Period, PeriodKind};
 use crate::shell::apply::{apply_and_propagate, Counts};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::config::MAX_ID_LENGTH_RANGE;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::{error_reply, reply_array, reply_fields, Field, Item};
 use crate::shell::{clock, config, events, replicate, stats};
@@ -242,6 +243,17 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     )
 }
 
+/// A new id must fit `quota.max-id-length` (`max`, bytes); one the budget knows (a retry of
+/// a reservation or charge made before the config was lowered) only the hard cap, so lowering
+/// it strands nothing and retries still get their remembered answer.
+fn check_new_id(b: &Budget, id: Option<&[u8]>, max: i64) -> Result<(), RedisError> {
+    match id {
+        // Within the limit: no lookup needed.
+        Some(id) if check_id(id, max).is_err() && b.book().get(id).is_none() => check_id(id, max),
+        _ => Ok(()),
+    }
+}
+
 /// `QUOTA.RESERVE key amount [ID id] [TTL ms] [AT ms]`
 /// → `[granted, id|nil, available, retry_after_ms]`.
 pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
@@ -253,7 +265,7 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
             let v = a.next_bytes()?;
-            check_id(v, config::max_id_length())?;
+            check_id(v, MAX_ID_LENGTH_RANGE.1)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
@@ -264,7 +276,9 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         }
     }
     let policy = config::policy();
+    let max_id = config::max_id_length();
     let ((reply, retry), view) = run_write(ctx, key_name, at, |b, now| {
+        check_new_id(b, id, max_id)?;
         let plan = b
             .plan_reserve(now, &policy, amount, id, ttl)
             .map_err(error_reply)?;
@@ -426,7 +440,7 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
             let v = a.next_bytes()?;
-            check_id(v, config::max_id_length())?;
+            check_id(v, MAX_ID_LENGTH_RANGE.1)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"FORCE") {
             force = true;
@@ -437,7 +451,9 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
         }
     }
     let policy = config::policy();
+    let max_id = config::max_id_length();
     let ((charged, retry), view) = run_write(ctx, key_name, at, |b, now| {
+        check_new_id(b, id, max_id)?;
         let plan = b
             .plan_charge(now, &policy, amount, id, force)
             .map_err(error_reply)?;
