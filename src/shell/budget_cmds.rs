@@ -265,7 +265,8 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
             let v = a.next_bytes()?;
-            check_id(v, MAX_ID_LENGTH_RANGE.1)?;
+            // Beyond the hard cap no id is known: refused naming the config's limit.
+            check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
@@ -440,7 +441,8 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
             let v = a.next_bytes()?;
-            check_id(v, MAX_ID_LENGTH_RANGE.1)?;
+            // Beyond the hard cap no id is known: refused naming the config's limit.
+            check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"FORCE") {
             force = true;
