@@ -408,6 +408,19 @@ fn charge_one_phase_force_and_idempotent_id() {
         err(&mut c, &["QUOTA.CHARGE", "t", "5", "ID", "c1"]).0,
         "CONFLICT"
     );
+    // The overrun total is a sum like any other: refused when it would leave the i64 range
+    // (it used to stop at the maximum silently, dropping what came after).
+    ok(&mut c, &["QUOTA.SET", "ov", "LIMIT", "0"]);
+    ok(
+        &mut c,
+        &["QUOTA.CHARGE", "ov", "9223372036854775807", "FORCE"],
+    );
+    ok(&mut c, &["QUOTA.SET", "ov", "USED", "0"]);
+    let (code, msg) = err(&mut c, &["QUOTA.CHARGE", "ov", "5", "FORCE"]);
+    assert_eq!(code, "ERR");
+    assert!(msg.contains("out of range"), "{msg}");
+    let i = info(&mut c, "ov");
+    assert_eq!((i["used"], i["overrun"]), (0, i64::MAX));
 }
 
 #[test]

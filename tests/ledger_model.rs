@@ -378,7 +378,14 @@ impl Model {
     ) -> Prediction {
         let phys = phys_total > MAX;
         let logical = logical_total > MAX;
-        let overflow = if self.strict { logical } else { phys };
+        // The overrun total must stay in range too (it used to saturate silently).
+        let overrun_after = match &change {
+            Change::Settle { overrun, .. } | Change::Charge { overrun, .. } => {
+                self.overrun + *overrun as i128
+            }
+            _ => 0,
+        };
+        let overflow = (if self.strict { logical } else { phys }) || overrun_after > MAX;
         Prediction {
             reply: if overflow {
                 Reply::Err(ErrKind::Overflow)

@@ -794,6 +794,7 @@ impl Budget {
             IdState::Unknown => return Err(LedgerError::NoReservation { id: id.to_vec() }),
             IdState::Pending(r) => {
                 let full = self.check_range(now, &view, r.amount, r.amount, actual)?;
+                add(view.overrun, actual.saturating_sub(r.amount).max(0))?;
                 (
                     SettleStatus::Settled,
                     Effect::Settle {
@@ -807,6 +808,7 @@ impl Budget {
             IdState::Expired { amount, unreleased } => {
                 let physical_minus = if unreleased { amount } else { 0 };
                 let full = self.check_range(now, &view, 0, physical_minus, actual)?;
+                add(view.overrun, actual.saturating_sub(amount).max(0))?;
                 (
                     SettleStatus::Late,
                     Effect::SettleLate {
@@ -977,8 +979,9 @@ impl Budget {
             });
         }
         let full = self.check_range(now, &view, 0, 0, amount)?;
-        // What goes beyond a non-negative available is overrun.
+        // What goes beyond a non-negative available is overrun; its total stays in range too.
         let overrun = amount.saturating_sub(view.available.max(0)).max(0);
+        add(view.overrun, overrun)?;
         let charge = Effect::Charge {
             amount,
             overrun,
@@ -1077,8 +1080,8 @@ impl Budget {
                 self.see_id(id, at);
             }
             Effect::Settle { id, actual } => {
-                let (reserved, used) = (self.reserved, self.used);
-                let mut after = (reserved, used, 0);
+                let (reserved, used, overrun) = (self.reserved, self.used, self.overrun);
+                let mut after = (reserved, used, overrun);
                 self.book.update(
                     id,
                     |e| {
@@ -1089,7 +1092,8 @@ impl Budget {
                         let reserved = sub(reserved, r.amount)?;
                         let used = add(used, *actual)?;
                         add(used, reserved)?;
-                        after = (reserved, used, actual.saturating_sub(r.amount).max(0));
+                        let beyond = actual.saturating_sub(r.amount).max(0);
+                        after = (reserved, used, add(overrun, beyond)?);
                         Ok(finished(
                             Outcome::Settled {
                                 actual: *actual,
@@ -1100,8 +1104,7 @@ impl Budget {
                     },
                     NOT_PENDING,
                 )?;
-                (self.reserved, self.used) = (after.0, after.1);
-                self.overrun = self.overrun.saturating_add(after.2);
+                (self.reserved, self.used, self.overrun) = after;
             }
             Effect::SettleLate { id, actual } => {
                 let amount = match self.book.get(id) {
@@ -1116,10 +1119,9 @@ impl Budget {
                 }
                 let used = add(self.used, *actual)?;
                 add(used, self.reserved)?;
+                let overrun = add(self.overrun, actual.saturating_sub(amount).max(0))?;
                 self.used = used;
-                self.overrun = self
-                    .overrun
-                    .saturating_add(actual.saturating_sub(amount).max(0));
+                self.overrun = overrun;
                 self.finish(
                     id,
                     Outcome::Settled {
@@ -1159,6 +1161,7 @@ impl Budget {
                 }
                 let used = add(self.used, *amount)?;
                 add(used, self.reserved)?;
+                let total_overrun = add(self.overrun, *overrun)?;
                 if let Some(id) = id {
                     // The last check: refused (nothing changed) if the id is known.
                     let fresh = self.book.insert(
@@ -1174,7 +1177,7 @@ impl Budget {
                     self.see_id(id, at);
                 }
                 self.used = used;
-                self.overrun = self.overrun.saturating_add(*overrun);
+                self.overrun = total_overrun;
             }
             Effect::Forget { id } => match self.book.get(id) {
                 Some(Entry::Finished(_)) => {
