@@ -329,8 +329,8 @@ fn format_offset(offset: Offset) -> String {
     }
 }
 
-/// User text made safe to echo in a one-line error reply: printable ASCII only, anything else
-/// becomes `?`. redis-module 2.0.8 writes an error reply's chars as single bytes (`c as u8`),
+/// User text made safe to echo in a quoted one-line error reply: printable ASCII but the
+/// quote; anything else becomes `?`. redis-module 2.0.8 writes an error reply's chars as single bytes (`c as u8`),
 /// so a non-ASCII char would reach the client as invalid UTF-8, and one whose low byte is 0
 /// (U+0100, U+4E00, ...) makes the crate's `CString::new(..).unwrap()` panic, aborting Redis.
 fn echo(raw: &[u8]) -> String {
@@ -338,7 +338,8 @@ fn echo(raw: &[u8]) -> String {
         .chars()
         .take(MAX_ECHO_CHARS)
         .map(|c| {
-            if c.is_ascii_graphic() || c == ' ' {
+            // A quote would end the quoted zone early in the error line.
+            if (c.is_ascii_graphic() || c == ' ') && c != '\'' {
                 c
             } else {
                 '?'
@@ -573,6 +574,8 @@ mod tests {
         );
         let err = Period::new(PeriodKind::Day, b"Bad\r\nZone\xff", None).unwrap_err();
         assert_eq!(err.to_string(), "ERR unknown time zone 'Bad??Zone?'");
+        let err = Period::new(PeriodKind::Day, b"Eur'ope/Pa'ris", None).unwrap_err();
+        assert_eq!(err.to_string(), "ERR unknown time zone 'Eur?ope/Pa?ris'");
         // Non-ASCII is echoed as '?': the reply must stay ASCII (see `echo`).
         let err = Period::new(PeriodKind::Day, "\u{100}\u{4e00}é".as_bytes(), None).unwrap_err();
         assert_eq!(err.to_string(), "ERR unknown time zone '???'");
