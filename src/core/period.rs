@@ -330,9 +330,10 @@ fn format_offset(offset: Offset) -> String {
 }
 
 /// User text made safe to echo in a quoted one-line error reply: printable ASCII but the
-/// quote; anything else becomes `?`. redis-module 2.0.8 writes an error reply's chars as single bytes (`c as u8`),
-/// so a non-ASCII char would reach the client as invalid UTF-8, and one whose low byte is 0
-/// (U+0100, U+4E00, ...) makes the crate's `CString::new(..).unwrap()` panic, aborting Redis.
+/// quote; anything else becomes `?`. redis-module 2.0.8 writes an error reply's chars as
+/// single bytes (`c as u8`), so a non-ASCII char would reach the client as invalid UTF-8, and
+/// one whose low byte is 0 (U+0100, U+4E00, ...) makes the crate's `CString::new(..).unwrap()`
+/// panic, aborting Redis.
 fn echo(raw: &[u8]) -> String {
     String::from_utf8_lossy(raw)
         .chars()
