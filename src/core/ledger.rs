@@ -40,9 +40,14 @@ pub const MAX_TTL_MS: i64 = 1_000_000_000_000_000;
 const BAD_TTL: LedgerError =
     LedgerError::Invalid("TTL must be positive and at most 1000000000000000 ms");
 
+/// Generated ids exhausted: only a client id of `18446744073709551615-18446744073709551615`
+/// form at or behind the clock does that. Named, not reported as an amount overflow.
+const NO_ID_LEFT: LedgerError = LedgerError::Invalid("no id left to generate: pass ID");
+
 fn period_error(e: crate::core::period::PeriodError) -> LedgerError {
     LedgerError::Period(e.to_string())
 }
+
 /// Most expired reservations released, and most finished ids forgotten, by one write.
 pub const MAINTENANCE_BATCH: usize = 64;
 
@@ -584,10 +589,7 @@ impl Budget {
     /// Next generated id at `now`: stream-style `<ms>-<seq>`, strictly greater than any
     /// stream-style id this key has seen, so ids stay unique across restarts and failovers.
     fn next_id(&self, now: i64) -> Result<Id, LedgerError> {
-        // Exhausted only by a client id of `18446744073709551615-18446744073709551615` form
-        // at or behind the clock: name it, not an amount overflow.
-        let exhausted = LedgerError::Invalid("no id left to generate: pass ID");
-        let mut candidate = self.last_id.next(now).ok_or(exhausted.clone())?;
+        let mut candidate = self.last_id.next(now).ok_or(NO_ID_LEFT)?;
         // An id above every known id is free: the usual case, as generated ids arrive in order
         // (one descent to the last id instead of a search).
         let last = self.book.last_id();
@@ -598,7 +600,7 @@ impl Budget {
             if above_all || self.book.get(&id).is_none() {
                 return Ok(id);
             }
-            candidate = candidate.next(now).ok_or(exhausted.clone())?;
+            candidate = candidate.next(now).ok_or(NO_ID_LEFT)?;
         }
         Err(LedgerError::Invalid("could not generate a fresh id"))
     }

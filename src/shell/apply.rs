@@ -19,7 +19,8 @@ pub fn apply_and_propagate(
     at: i64,
     effects: &[Effect],
 ) -> Result<View, RedisError> {
-    let (result, view) = apply_tracked(ctx, key_name, budget, at, effects);
+    let (result, view) = apply_counted(ctx, key_name, budget, at, effects);
+    let view = view.unwrap_or_else(|| budget.view(at));
     replicate_applied(ctx, key_name, at, effects, &result);
     match result.error {
         Some(e) => Err(e),
@@ -53,19 +54,6 @@ fn replicate_applied(
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
     stats::add(&stats::EXPIRED, releases(applied));
-}
-
-/// [`apply_counted`], and the budget's view at `at` afterwards (for the caller's reply).
-pub fn apply_tracked(
-    ctx: &Context,
-    key_name: &RedisString,
-    budget: &mut Budget,
-    at: i64,
-    effects: &[Effect],
-) -> (Applied, View) {
-    let (result, view) = apply_counted(ctx, key_name, budget, at, effects);
-    let view = view.unwrap_or_else(|| budget.view(at));
-    (result, view)
 }
 
 /// Applies effects in place and does what follows any change, on a master or a replica alike:

@@ -247,11 +247,20 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// a reservation or charge made before the config was lowered) only the hard cap, so lowering
 /// it strands nothing and retries still get their remembered answer.
 fn check_new_id(b: &Budget, id: Option<&[u8]>, max: i64) -> Result<(), RedisError> {
-    match id {
-        // Within the limit: no lookup needed.
-        Some(id) if check_id(id, max).is_err() && b.book().get(id).is_none() => check_id(id, max),
+    let Some(id) = id else {
+        return Ok(());
+    };
+    match check_id(id, max) {
+        // Over the limit: looked up only then.
+        Err(e) if b.book().get(id).is_none() => Err(e),
         _ => Ok(()),
     }
+}
+
+/// An `ID` argument of RESERVE or CHARGE as parsed: non-empty and within the hard cap (no
+/// known id is longer); beyond it refused naming `quota.max-id-length`, the limit a user set.
+fn check_id_arg(v: &[u8]) -> Result<(), RedisError> {
+    check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))
 }
 
 /// `QUOTA.RESERVE key amount [ID id] [TTL ms] [AT ms]`
@@ -265,8 +274,7 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
             let v = a.next_bytes()?;
-            // Beyond the hard cap no id is known: refused naming the config's limit.
-            check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))?;
+            check_id_arg(v)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
@@ -441,8 +449,7 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
             let v = a.next_bytes()?;
-            // Beyond the hard cap no id is known: refused naming the config's limit.
-            check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))?;
+            check_id_arg(v)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"FORCE") {
             force = true;
