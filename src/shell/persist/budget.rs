@@ -8,6 +8,7 @@ use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
 use crate::core::id::StreamId;
 use crate::core::ledger::{Budget, Settings};
 use crate::core::period::{Period, PeriodKind};
+use crate::shell::args::check_id;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
 
 /// Encoding version of budget values written by this build.
@@ -115,7 +116,7 @@ const BAD_ID: &str = "an id is empty, longer than 65536 bytes or repeated";
 /// Could a command name this id (1..=65536 bytes, the hard cap of `quota.max-id-length`)? No
 /// server ever stored another: one in a payload is forged, and would be stuck.
 fn nameable(id: &[u8]) -> bool {
-    !id.is_empty() && i64::try_from(id.len()).is_ok_and(|n| n <= MAX_ID_LENGTH_RANGE.1)
+    check_id(id, MAX_ID_LENGTH_RANGE.1).is_ok()
 }
 
 fn from_v1(
