@@ -52,7 +52,9 @@ fn set_info_reserve_settle_round_trip() {
 /// changes a value does.
 #[test]
 fn set_with_nothing_to_change_writes_nothing() {
-    let s = Server::start(&["--appendonly", "yes"]);
+    // `always`: each write reaches the file before the reply (with `everysec` Redis may hold the
+    // buffer back while a background fsync runs, and the size would lag).
+    let s = Server::start(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "k", "LIMIT", "10", "TTL", "5000"]);
     let aof = |c: &mut redis::Connection| info_section(c, "persistence")["aof_current_size"];
