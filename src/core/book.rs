@@ -31,7 +31,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::fmt;
 
-use crate::core::htree::{Found, HTree};
+use crate::core::htree::{Found, HTree, Measure};
 
 /// A reservation or charge id: 1..=max-id-length arbitrary bytes.
 pub type Id = smallvec::SmallVec<[u8; 24]>;
@@ -751,10 +751,52 @@ impl Store {
     }
 }
 
+/// What the deadline index sums below each node: the amount and number of the pending
+/// reservations there, so that those whose deadline has passed are summed in O(log n)
+/// ([`Book::expired`]). Wrapping arithmetic: exact whenever the true sum fits an i64, as any
+/// sum of pending amounts does (they sum to `reserved`), and it never panics on loaded data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSum {
+    /// Units reserved.
+    pub amount: i64,
+    /// Reservations.
+    pub count: u64,
+}
+
+impl Measure for PendingSum {
+    fn plus(self, other: Self) -> Self {
+        PendingSum {
+            amount: self.amount.wrapping_add(other.amount),
+            count: self.count.wrapping_add(other.count),
+        }
+    }
+    fn minus(self, other: Self) -> Self {
+        PendingSum {
+            amount: self.amount.wrapping_sub(other.amount),
+            count: self.count.wrapping_sub(other.count),
+        }
+    }
+}
+
+/// The deadline index's measure of handle `h`, read from its slot.
+fn pending_measure(store: &Store) -> impl Fn(u32) -> PendingSum + '_ {
+    move |h| {
+        store
+            .pending_slot(h)
+            .map_or(PendingSum::default(), |s| PendingSum {
+                amount: i64_of(s.amount),
+                count: 1,
+            })
+    }
+}
+
+/// The deadline index: pending handles by (deadline, id), summing their amounts.
+type DeadlineIndex = HTree<PendingSum>;
+
 /// Appends a pending slot and indexes it by deadline (the caller indexes it by id).
 fn add_pending(
     store: &mut Store,
-    by_deadline: &mut HTree,
+    by_deadline: &mut DeadlineIndex,
     id: [u8; INLINE],
     meta: u8,
     r: Reservation,
@@ -769,7 +811,11 @@ fn add_pending(
     let h = store.pending.push(slot)?;
     let store = &*store;
     let key = store.pending_key(h);
-    by_deadline.insert(h, |x| key.cmp(&store.pending_key(x)));
+    by_deadline.insert_measured(
+        h,
+        |x| key.cmp(&store.pending_key(x)),
+        &pending_measure(store),
+    );
     Some(h)
 }
 
@@ -795,16 +841,17 @@ fn add_finished(
     Some(h)
 }
 
-/// A pending reservation's new values, in place (re-indexed if the deadline moved).
-fn update_pending(store: &mut Store, by_deadline: &mut HTree, h: u32, r: Reservation) {
+/// A pending reservation's new values, in place (re-indexed if the deadline or the amount,
+/// which the index sums, changed).
+fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r: Reservation) {
     let Some(old) = store.pending_slot(h) else {
         return;
     };
-    let moved = old.deadline() != r.deadline_ms;
+    let moved = old.deadline() != r.deadline_ms || i64_of(old.amount) != r.amount;
     if moved {
         let store = &*store;
         let key = store.pending_key(h);
-        by_deadline.remove(|x| key.cmp(&store.pending_key(x)));
+        by_deadline.remove_measured(|x| key.cmp(&store.pending_key(x)), &pending_measure(store));
     }
     if let Some(slot) = store.pending.get_mut(h) {
         slot.amount = r.amount.to_le_bytes();
@@ -814,7 +861,11 @@ fn update_pending(store: &mut Store, by_deadline: &mut HTree, h: u32, r: Reserva
     if moved {
         let store = &*store;
         let key = store.pending_key(h);
-        by_deadline.insert(h, |x| key.cmp(&store.pending_key(x)));
+        by_deadline.insert_measured(
+            h,
+            |x| key.cmp(&store.pending_key(x)),
+            &pending_measure(store),
+        );
     }
 }
 
@@ -843,7 +894,7 @@ fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished
 }
 
 /// The soonest deadline, read from the deadline index (what [`Soonest`] caches).
-fn indexed_first_deadline(by_deadline: &HTree, store: &Store) -> Option<i64> {
+fn indexed_first_deadline(by_deadline: &DeadlineIndex, store: &Store) -> Option<i64> {
     store
         .pending_slot(by_deadline.first()?)
         .map(PendingSlot::deadline)
@@ -858,17 +909,25 @@ fn indexed_first_finish(by_finish: &HTree, store: &Store) -> Option<i64> {
 
 /// Removes handle `h` from a time index. The soonest entry (what expiry and forgetting take)
 /// is found without comparing keys: it is the leftmost, below every other.
-fn remove_handle(tree: &mut HTree, h: u32, probe: impl Fn(u32) -> Ordering) {
+fn remove_handle<M: Measure>(
+    tree: &mut HTree<M>,
+    h: u32,
+    probe: impl Fn(u32) -> Ordering,
+    measure: &impl Fn(u32) -> M,
+) {
     if tree.first() == Some(h) {
-        tree.remove(|x| {
-            if x == h {
-                Ordering::Equal
-            } else {
-                Ordering::Less
-            }
-        });
+        tree.remove_measured(
+            |x| {
+                if x == h {
+                    Ordering::Equal
+                } else {
+                    Ordering::Less
+                }
+            },
+            measure,
+        );
     } else {
-        tree.remove(probe);
+        tree.remove_measured(probe, measure);
     }
 }
 
@@ -896,15 +955,18 @@ fn compact_after_removal<T: Slot, const CHUNK: usize>(
 /// no longer hold `h` for this entry; the long-id store is the caller's.
 fn take_pending(
     store: &mut Store,
-    by_deadline: &mut HTree,
+    by_deadline: &mut DeadlineIndex,
     pending_ids: &mut HTree,
     h: u32,
 ) -> Option<PendingSlot> {
     {
         let store = &*store;
-        remove_handle(by_deadline, h, |x| {
-            store.pending_key(h).cmp(&store.pending_key(x))
-        });
+        remove_handle(
+            by_deadline,
+            h,
+            |x| store.pending_key(h).cmp(&store.pending_key(x)),
+            &pending_measure(store),
+        );
     }
     let removed = store.pending.remove(h);
     compact_after_removal(
@@ -928,9 +990,12 @@ fn take_finished(
 ) -> Option<FinishedSlot> {
     {
         let store = &*store;
-        remove_handle(by_finish, h, |x| {
-            store.finished_key(h).cmp(&store.finished_key(x))
-        });
+        remove_handle(
+            by_finish,
+            h,
+            |x| store.finished_key(h).cmp(&store.finished_key(x)),
+            &|_| (),
+        );
     }
     let removed = store.finished.remove(h);
     compact_after_removal(
@@ -955,8 +1020,8 @@ pub struct Book {
     /// (pending, usually few) are found without searching the many remembered ids, and so that
     /// a settled generated id (above every remembered one) is appended, not searched for.
     finished_ids: HTree,
-    /// Pending handles by (deadline, id).
-    by_deadline: HTree,
+    /// Pending handles by (deadline, id), with their amounts summed.
+    by_deadline: DeadlineIndex,
     /// Finished handles by (finished_ms, id).
     by_finish: HTree,
     /// The soonest deadline and the earliest finish time (the first keys of the two time
@@ -1040,6 +1105,19 @@ impl Book {
             .iter()
             .filter_map(|h| store.pending_slot(h).map(|s| (s, h)))
             .map(|(s, h)| (store.pending_id(h), s.reservation()))
+    }
+
+    /// The total amount and the number of pending reservations whose deadline is at or before
+    /// `now_ms` (expired, not yet released). O(log n): one descent of the deadline index.
+    pub fn expired(&self, now_ms: i64) -> PendingSum {
+        let store = &self.store;
+        self.by_deadline.sum_below(
+            |h| match store.pending_slot(h) {
+                Some(s) if s.deadline() <= now_ms => Ordering::Greater,
+                _ => Ordering::Less,
+            },
+            &pending_measure(store),
+        )
     }
 
     /// The soonest deadline of a pending reservation.
@@ -1343,14 +1421,10 @@ impl Book {
         self.store.pending.allocations(&mut f);
         self.store.finished.allocations(&mut f);
         self.store.longs.allocations(&mut f);
-        for tree in [
-            &self.pending_ids,
-            &self.finished_ids,
-            &self.by_deadline,
-            &self.by_finish,
-        ] {
+        for tree in [&self.pending_ids, &self.finished_ids, &self.by_finish] {
             tree.allocations(&mut f);
         }
+        self.by_deadline.allocations(&mut f);
     }
 
     /// Requested heap bytes (before allocator rounding).
@@ -1376,6 +1450,7 @@ impl Book {
         }
         self.by_deadline
             .check(|a, b| store.pending_key(a).cmp(&store.pending_key(b)))?;
+        self.by_deadline.check_sums(&pending_measure(store))?;
         self.by_finish
             .check(|a, b| store.finished_key(a).cmp(&store.finished_key(b)))?;
         store.pending.check()?;
@@ -1515,6 +1590,33 @@ mod tests {
             model.by_deadline().first().map(|x| x.0)
         );
         assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
+        // The expired sums at every deadline held, and either side of it.
+        let pending: Vec<(i64, i64)> = model
+            .entries
+            .values()
+            .filter_map(|e| match e {
+                Entry::Pending(r) => Some((r.deadline_ms, r.amount)),
+                _ => None,
+            })
+            .collect();
+        let mut times = vec![i64::MIN, i64::MAX];
+        let every = (pending.len() / 8).max(1);
+        for &(d, _) in pending.iter().step_by(every) {
+            times.extend([d.saturating_sub(1), d, d.saturating_add(1)]);
+        }
+        for now in times {
+            let expired: Vec<i64> = pending
+                .iter()
+                .filter(|(d, _)| *d <= now)
+                .map(|(_, a)| *a)
+                .collect();
+            let want = PendingSum {
+                // The book holds any amounts; a ledger's sum to `reserved` and never wrap.
+                amount: expired.iter().fold(0i64, |a, b| a.wrapping_add(*b)),
+                count: expired.len() as u64,
+            };
+            assert_eq!(book.expired(now), want, "at {now}");
+        }
         for (id, e) in &model.entries {
             assert_eq!(book.get(id), Some(*e));
         }

@@ -15,6 +15,12 @@
 //!
 //! Iteration is in key order, from the start or from the first key not below a bound, without
 //! allocating.
+//!
+//! A tree may also keep a [`Measure`] of its handles (the deadline index keeps the amount and
+//! count of the reservations below it): every inner node holds the measure of each child's
+//! subtree, so the measure of all handles below a bound ([`HTree::sum_below`]) is one descent,
+//! O(log n), instead of a walk over them — the order-statistic / augmented B-tree of Cormen et
+//! al., *Introduction to Algorithms*, ch. 14. A plain tree measures `()`, which costs nothing.
 
 use std::cmp::Ordering;
 
@@ -109,20 +115,36 @@ impl Items {
     }
 }
 
+/// What a tree sums over its handles: a commutative group (sums must also subtract, so that a
+/// removal updates the path above it without re-reading the subtree).
+pub trait Measure: Copy + Default + PartialEq + std::fmt::Debug {
+    fn plus(self, other: Self) -> Self;
+    fn minus(self, other: Self) -> Self;
+}
+
+/// A plain tree: nothing is summed (`Vec<()>` never allocates).
+impl Measure for () {
+    fn plus(self, _: Self) -> Self {}
+    fn minus(self, _: Self) -> Self {}
+}
+
 #[derive(Clone, Debug)]
-struct Inner {
+struct Inner<M> {
     items: Items,
     /// `items.len() + 1` children.
-    children: Vec<Node>,
+    children: Vec<Node<M>>,
+    /// The measure of each child's subtree (not of the items between them); as long as
+    /// `children`.
+    sums: Vec<M>,
 }
 
 #[derive(Clone, Debug)]
-enum Node {
+enum Node<M> {
     Leaf(Box<Items>),
-    Inner(Box<Inner>),
+    Inner(Box<Inner<M>>),
 }
 
-impl Node {
+impl<M: Measure> Node<M> {
     fn items(&self) -> &Items {
         match self {
             Node::Leaf(items) => items,
@@ -148,12 +170,12 @@ fn search(items: &[u32], probe: &impl Fn(u32) -> Ordering) -> Result<usize, usiz
 }
 
 /// What an insertion below a node asks of it.
-enum Ins {
+enum Ins<M> {
     /// The key is already there; nothing changed.
     Dup,
     Done,
     /// The node split: `separator` goes up, `right` is the new right sibling.
-    Split(u32, Node),
+    Split(u32, Node<M>),
 }
 
 /// Node counts, for memory accounting.
@@ -163,29 +185,106 @@ pub struct NodeCounts {
     pub inner: usize,
 }
 
-/// Heap bytes of one leaf and of one inner node (without its child array), for memory
-/// accounting.
+/// Heap bytes of one leaf, for memory accounting.
 pub const LEAF_BYTES: usize = std::mem::size_of::<Items>();
-pub const INNER_BYTES: usize = std::mem::size_of::<Inner>();
 
-/// Adds `node` to `children` at `pos`, growing the array by exactly one if it is full: inner
-/// nodes of small trees then hold only the children they have.
-fn insert_child(children: &mut Vec<Node>, pos: usize, node: Node) {
-    if children.len() == children.capacity() {
-        children.reserve_exact(1);
+/// Adds `node` (whose subtree measures `sum`) at `pos`, growing the arrays by exactly one if
+/// they are full: inner nodes of small trees then hold only the children they have.
+fn insert_child<M: Measure>(inner: &mut Inner<M>, pos: usize, node: Node<M>, sum: M) {
+    if inner.children.len() == inner.children.capacity() {
+        inner.children.reserve_exact(1);
     }
-    children.insert(pos.min(children.len()), node);
+    if inner.sums.len() == inner.sums.capacity() {
+        inner.sums.reserve_exact(1);
+    }
+    inner.children.insert(pos.min(inner.children.len()), node);
+    inner.sums.insert(pos.min(inner.sums.len()), sum);
+}
+
+/// The measure of the subtree at `node`, read from its items and its children's sums (one
+/// node's worth of `measure` calls).
+fn node_sum<M: Measure>(node: &Node<M>, measure: &impl Fn(u32) -> M) -> M {
+    let items = node
+        .items()
+        .as_slice()
+        .iter()
+        .fold(M::default(), |acc, &h| acc.plus(measure(h)));
+    match node {
+        Node::Leaf(_) => items,
+        Node::Inner(inner) => inner.sums.iter().fold(items, |acc, &s| acc.plus(s)),
+    }
+}
+
+/// Adds `delta` to the sum of child `i`.
+fn add_to<M: Measure>(inner: &mut Inner<M>, i: usize, delta: M) {
+    if let Some(s) = inner.sums.get_mut(i) {
+        *s = s.plus(delta);
+    }
+}
+
+/// Takes `delta` from the sum of child `i`.
+fn take_from<M: Measure>(inner: &mut Inner<M>, i: usize, delta: M) {
+    if let Some(s) = inner.sums.get_mut(i) {
+        *s = s.minus(delta);
+    }
+}
+
+/// Re-reads the sum of child `i` from the child (after it was split, merged or rotated).
+fn resum<M: Measure>(inner: &mut Inner<M>, i: usize, measure: &impl Fn(u32) -> M) {
+    let Some(sum) = inner.children.get(i).map(|c| node_sum(c, measure)) else {
+        return;
+    };
+    if let Some(s) = inner.sums.get_mut(i) {
+        *s = sum;
+    }
 }
 
 /// The tree. See the module doc.
-#[derive(Clone, Debug, Default)]
-pub struct HTree {
-    root: Option<Node>,
+#[derive(Clone, Debug)]
+pub struct HTree<M = ()> {
+    root: Option<Node<M>>,
     len: usize,
     counts: NodeCounts,
 }
 
-impl HTree {
+impl<M> Default for HTree<M> {
+    fn default() -> Self {
+        HTree {
+            root: None,
+            len: 0,
+            counts: NodeCounts::default(),
+        }
+    }
+}
+
+/// The plain tree's operations: those of the measured tree with nothing to measure.
+impl HTree<()> {
+    /// Inserts `h`, whose key `probe` describes. False (and nothing changed) if the key is
+    /// already present.
+    pub fn insert(&mut self, h: u32, probe: impl Fn(u32) -> Ordering) -> bool {
+        self.insert_measured(h, probe, &|_| ())
+    }
+
+    /// Removes the handle whose key `probe` matches and returns it.
+    pub fn remove(&mut self, probe: impl Fn(u32) -> Ordering) -> Option<u32> {
+        self.remove_measured(probe, &|_| ())
+    }
+
+    /// Finds the handle whose key `probe` matches and removes it if `remove(handle)` says so,
+    /// in one search (the decision is taken before anything changes).
+    pub fn remove_if(
+        &mut self,
+        probe: impl Fn(u32) -> Ordering,
+        remove: impl FnOnce(u32) -> bool,
+    ) -> Found {
+        self.remove_if_measured(probe, remove, &|_| ())
+    }
+}
+
+impl<M: Measure> HTree<M> {
+    /// Heap bytes of one inner node (without its arrays), for memory accounting.
+    pub const INNER_BYTES: usize = std::mem::size_of::<Inner<M>>();
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -239,9 +338,15 @@ impl HTree {
         last_of(self.root.as_ref()?)
     }
 
-    /// Inserts `h`, whose key `probe` describes. False (and nothing changed) if the key is
-    /// already present.
-    pub fn insert(&mut self, h: u32, probe: impl Fn(u32) -> Ordering) -> bool {
+    /// Inserts `h`, whose key `probe` describes and whose measure is `measure(h)` (as for
+    /// every handle: the sums above it are kept with it). False (and nothing changed) if the
+    /// key is already present.
+    pub fn insert_measured(
+        &mut self,
+        h: u32,
+        probe: impl Fn(u32) -> Ordering,
+        measure: &impl Fn(u32) -> M,
+    ) -> bool {
         let Some(mut root) = self.root.take() else {
             let mut items = Items::new();
             items.push(h);
@@ -253,7 +358,15 @@ impl HTree {
         // Keys mostly arrive in order (generated ids, deadlines, finish times): one comparison
         // with the last key then replaces a binary search at every level.
         let append = last_of(&root).is_some_and(|last| probe(last) == Ordering::Greater);
-        let result = insert_rec(&mut root, h, &probe, true, append, &mut self.counts);
+        let result = insert_rec(
+            &mut root,
+            h,
+            &probe,
+            measure,
+            true,
+            append,
+            &mut self.counts,
+        );
         match result {
             Ins::Dup => {
                 self.root = Some(root);
@@ -263,8 +376,13 @@ impl HTree {
             Ins::Split(separator, right) => {
                 let mut items = Items::new();
                 items.push(separator);
+                let sums = vec![node_sum(&root, measure), node_sum(&right, measure)];
                 let children = vec![root, right];
-                self.root = Some(Node::Inner(Box::new(Inner { items, children })));
+                self.root = Some(Node::Inner(Box::new(Inner {
+                    items,
+                    children,
+                    sums,
+                })));
                 self.counts.inner = self.counts.inner.saturating_add(1);
             }
         }
@@ -272,9 +390,14 @@ impl HTree {
         true
     }
 
-    /// Removes the handle whose key `probe` matches and returns it.
-    pub fn remove(&mut self, probe: impl Fn(u32) -> Ordering) -> Option<u32> {
-        match self.remove_if(probe, |_| true) {
+    /// Removes the handle whose key `probe` matches and returns it. `measure` must still give
+    /// each handle's measure as inserted.
+    pub fn remove_measured(
+        &mut self,
+        probe: impl Fn(u32) -> Ordering,
+        measure: &impl Fn(u32) -> M,
+    ) -> Option<u32> {
+        match self.remove_if_measured(probe, |_| true, measure) {
             Found::Removed(h) => Some(h),
             Found::Kept(_) | Found::Absent => None,
         }
@@ -282,10 +405,11 @@ impl HTree {
 
     /// Finds the handle whose key `probe` matches and removes it if `remove(handle)` says so,
     /// in one search (the decision is taken before anything changes).
-    pub fn remove_if(
+    pub fn remove_if_measured(
         &mut self,
         probe: impl Fn(u32) -> Ordering,
         remove: impl FnOnce(u32) -> bool,
+        measure: &impl Fn(u32) -> M,
     ) -> Found {
         let Some(root) = self.root.as_mut() else {
             return Found::Absent;
@@ -299,7 +423,7 @@ impl HTree {
             }
             yes
         };
-        let Some(removed) = remove_rec(root, &probe, &mut decide, &mut self.counts) else {
+        let Some(removed) = remove_rec(root, &probe, &mut decide, measure, &mut self.counts) else {
             return kept.map_or(Found::Absent, Found::Kept);
         };
         self.len = self.len.saturating_sub(1);
@@ -318,7 +442,8 @@ impl HTree {
         Found::Removed(removed)
     }
 
-    /// Replaces the handle whose key `probe` matches with `h` (same key, new handle).
+    /// Replaces the handle whose key `probe` matches with `h` (same key and measure, new
+    /// handle).
     pub fn replace(&mut self, probe: impl Fn(u32) -> Ordering, h: u32) -> Option<u32> {
         let mut node = self.root.as_mut()?;
         loop {
@@ -336,13 +461,13 @@ impl HTree {
     }
 
     /// All handles in order.
-    pub fn iter(&self) -> Iter<'_> {
+    pub fn iter(&self) -> Iter<'_, M> {
         self.iter_from(|_| Ordering::Less)
     }
 
     /// Handles in order from the first whose key is not below `probe`'s (a `probe` that never
     /// answers `Equal` gives the first key above a bound).
-    pub fn iter_from(&self, probe: impl Fn(u32) -> Ordering) -> Iter<'_> {
+    pub fn iter_from(&self, probe: impl Fn(u32) -> Ordering) -> Iter<'_, M> {
         let mut it = Iter {
             stack: [None; MAX_DEPTH],
             depth: 0,
@@ -364,10 +489,45 @@ impl HTree {
         it
     }
 
+    /// The measure of the handles whose key is below `probe`'s (`probe(h)` is `Greater` for
+    /// them; a key that `probe` matches is not below). One descent: the sums of the children
+    /// wholly below, and `measure` of the items below, at each level — O(log n) nodes.
+    pub fn sum_below(&self, probe: impl Fn(u32) -> Ordering, measure: &impl Fn(u32) -> M) -> M {
+        let mut acc = M::default();
+        let mut node = self.root.as_ref();
+        while let Some(n) = node {
+            let (below, found) = match search(n.items().as_slice(), &probe) {
+                Ok(i) => (i, true),
+                Err(i) => (i, false),
+            };
+            let items = n.items().as_slice().get(..below).unwrap_or(&[]);
+            acc = items.iter().fold(acc, |a, &h| a.plus(measure(h)));
+            node = match n {
+                Node::Leaf(_) => None,
+                Node::Inner(inner) => {
+                    // Children 0..below are wholly below; with a match, so is child `below`.
+                    let whole = if found {
+                        below.saturating_add(1)
+                    } else {
+                        below
+                    };
+                    let sums = inner.sums.get(..whole).unwrap_or(&inner.sums);
+                    acc = sums.iter().fold(acc, |a, &s| a.plus(s));
+                    if found {
+                        None
+                    } else {
+                        inner.children.get(below)
+                    }
+                }
+            };
+        }
+        acc
+    }
+
     /// Calls `f(requested bytes, count)` for the tree's heap allocations.
     pub fn allocations(&self, f: &mut impl FnMut(usize, usize)) {
         f(LEAF_BYTES, self.counts.leaves);
-        f(INNER_BYTES, self.counts.inner);
+        f(Self::INNER_BYTES, self.counts.inner);
         if let Some(root) = &self.root {
             inner_allocations(root, f);
         }
@@ -395,25 +555,73 @@ impl HTree {
         }
         Ok(())
     }
+
+    /// Checks every inner node's sums against its children, re-read through `measure`; for
+    /// tests and loaded data.
+    pub fn check_sums(&self, measure: &impl Fn(u32) -> M) -> Result<(), &'static str> {
+        match &self.root {
+            Some(root) => check_sums_of(root, measure).map(|_| ()),
+            None => Ok(()),
+        }
+    }
 }
 
-fn inner_allocations(node: &Node, f: &mut impl FnMut(usize, usize)) {
+/// The measure of the subtree at `node`, checking the sums kept on the way.
+fn check_sums_of<M: Measure>(
+    node: &Node<M>,
+    measure: &impl Fn(u32) -> M,
+) -> Result<M, &'static str> {
+    let items = node
+        .items()
+        .as_slice()
+        .iter()
+        .fold(M::default(), |acc, &h| acc.plus(measure(h)));
+    match node {
+        Node::Leaf(_) => Ok(items),
+        Node::Inner(inner) => {
+            if inner.sums.len() != inner.children.len() {
+                return Err("sums count");
+            }
+            let mut total = items;
+            for (child, &kept) in inner.children.iter().zip(&inner.sums) {
+                let sum = check_sums_of(child, measure)?;
+                if sum != kept {
+                    return Err("subtree sum");
+                }
+                total = total.plus(sum);
+            }
+            Ok(total)
+        }
+    }
+}
+
+fn inner_allocations<M: Measure>(node: &Node<M>, f: &mut impl FnMut(usize, usize)) {
     if let Node::Inner(inner) = node {
         f(
             inner
                 .children
                 .capacity()
-                .saturating_mul(std::mem::size_of::<Node>()),
+                .saturating_mul(std::mem::size_of::<Node<M>>()),
             1,
         );
+        // A plain tree's `Vec<()>` allocates nothing.
+        if std::mem::size_of::<M>() > 0 {
+            f(
+                inner
+                    .sums
+                    .capacity()
+                    .saturating_mul(std::mem::size_of::<M>()),
+                1,
+            );
+        }
         for child in &inner.children {
             inner_allocations(child, f);
         }
     }
 }
 
-fn check_node(
-    node: &Node,
+fn check_node<M: Measure>(
+    node: &Node<M>,
     depth: usize,
     leaf_depth: &mut Option<usize>,
     counts: &mut NodeCounts,
@@ -443,7 +651,7 @@ fn check_node(
 }
 
 /// The last handle of the subtree at `node`.
-fn last_of(mut node: &Node) -> Option<u32> {
+fn last_of<M: Measure>(mut node: &Node<M>) -> Option<u32> {
     loop {
         match node {
             Node::Leaf(items) => return items.get(items.len().checked_sub(1)?),
@@ -454,14 +662,15 @@ fn last_of(mut node: &Node) -> Option<u32> {
 
 /// Inserts into the subtree at `node`; `rightmost`: the node is the last at its depth;
 /// `append`: the key is known to be above every key of the tree (so no search is needed).
-fn insert_rec(
-    node: &mut Node,
+fn insert_rec<M: Measure>(
+    node: &mut Node<M>,
     h: u32,
     probe: &impl Fn(u32) -> Ordering,
+    measure: &impl Fn(u32) -> M,
     rightmost: bool,
     append: bool,
     counts: &mut NodeCounts,
-) -> Ins {
+) -> Ins<M> {
     let find = |items: &Items| {
         if append {
             Err(items.len())
@@ -491,28 +700,38 @@ fn insert_rec(
                 return Ins::Dup;
             };
             let (separator, right) =
-                match insert_rec(child, h, probe, child_rightmost, append, counts) {
+                match insert_rec(child, h, probe, measure, child_rightmost, append, counts) {
                     Ins::Split(separator, right) => (separator, right),
-                    other => return other,
+                    Ins::Done => {
+                        add_to(inner, pos, measure(h));
+                        return Ins::Done;
+                    }
+                    Ins::Dup => return Ins::Dup,
                 };
+            // The child split: both halves are re-read (once per split, O(CAP) measures).
+            resum(inner, pos, measure);
+            let right_sum = node_sum(&right, measure);
             let child_pos = pos.saturating_add(1);
             if inner.items.insert(pos, separator) {
-                insert_child(&mut inner.children, child_pos, right);
+                insert_child(inner, child_pos, right, right_sum);
                 return Ins::Done;
             }
-            // Full: split the items as a leaf would, and the children alongside.
+            // Full: split the items as a leaf would, and the children and sums alongside.
             let append = child_rightmost;
             let (up, right_items) = split_items(&mut inner.items, pos, separator, append);
-            insert_child(&mut inner.children, child_pos, right);
+            insert_child(inner, child_pos, right, right_sum);
             let left_children = inner.items.len().saturating_add(1);
-            let right_children: Vec<Node> = inner.children.drain(left_children..).collect();
+            let right_children: Vec<Node<M>> = inner.children.drain(left_children..).collect();
+            let right_sums: Vec<M> = inner.sums.drain(left_children..).collect();
             inner.children.shrink_to_fit();
+            inner.sums.shrink_to_fit();
             counts.inner = counts.inner.saturating_add(1);
             Ins::Split(
                 up,
                 Node::Inner(Box::new(Inner {
                     items: right_items,
                     children: right_children,
+                    sums: right_sums,
                 })),
             )
         }
@@ -553,10 +772,11 @@ pub enum Found {
 
 /// Removes the key `probe` matches from the subtree at `node` if `decide(handle)` agrees;
 /// nothing changes before it is asked.
-fn remove_rec(
-    node: &mut Node,
+fn remove_rec<M: Measure>(
+    node: &mut Node<M>,
     probe: &impl Fn(u32) -> Ordering,
     decide: &mut impl FnMut(u32) -> bool,
+    measure: &impl Fn(u32) -> M,
     counts: &mut NodeCounts,
 ) -> Option<u32> {
     match node {
@@ -573,35 +793,48 @@ fn remove_rec(
                     return None;
                 }
                 // Replaced by its predecessor, the largest key of the child before it.
-                let pred = remove_max(inner.children.get_mut(i)?, counts)?;
+                let pred = remove_max(inner.children.get_mut(i)?, measure, counts)?;
+                take_from(inner, i, measure(pred));
                 let removed = inner.items.set(i, pred);
-                fix_child(inner, i, counts);
+                fix_child(inner, i, measure, counts);
                 removed
             }
             Err(i) => {
-                let removed = remove_rec(inner.children.get_mut(i)?, probe, decide, counts)?;
-                fix_child(inner, i, counts);
+                let removed =
+                    remove_rec(inner.children.get_mut(i)?, probe, decide, measure, counts)?;
+                take_from(inner, i, measure(removed));
+                fix_child(inner, i, measure, counts);
                 Some(removed)
             }
         },
     }
 }
 
-fn remove_max(node: &mut Node, counts: &mut NodeCounts) -> Option<u32> {
+fn remove_max<M: Measure>(
+    node: &mut Node<M>,
+    measure: &impl Fn(u32) -> M,
+    counts: &mut NodeCounts,
+) -> Option<u32> {
     match node {
         Node::Leaf(items) => items.pop(),
         Node::Inner(inner) => {
             let last = inner.children.len().checked_sub(1)?;
-            let removed = remove_max(inner.children.get_mut(last)?, counts)?;
-            fix_child(inner, last, counts);
+            let removed = remove_max(inner.children.get_mut(last)?, measure, counts)?;
+            take_from(inner, last, measure(removed));
+            fix_child(inner, last, measure, counts);
             Some(removed)
         }
     }
 }
 
 /// After a removal below child `i`: refill it from a sibling or merge it with one if it fell
-/// below [`MIN`].
-fn fix_child(inner: &mut Inner, i: usize, counts: &mut NodeCounts) {
+/// below [`MIN`]; the sums of the children that changed are re-read.
+fn fix_child<M: Measure>(
+    inner: &mut Inner<M>,
+    i: usize,
+    measure: &impl Fn(u32) -> M,
+    counts: &mut NodeCounts,
+) {
     let Some(child_len) = inner.children.get(i).map(Node::len) else {
         return;
     };
@@ -623,16 +856,21 @@ fn fix_child(inner: &mut Inner, i: usize, counts: &mut NodeCounts) {
     };
     if left_len.saturating_add(right_len) < CAP {
         merge(inner, left, counts);
-    } else if left == i {
-        rotate_left(inner, left);
+        resum(inner, left, measure);
     } else {
-        rotate_right(inner, left);
+        if left == i {
+            rotate_left(inner, left);
+        } else {
+            rotate_right(inner, left);
+        }
+        resum(inner, left, measure);
+        resum(inner, right, measure);
     }
 }
 
 /// Moves the separator between children `left` and `left + 1` down to the front of the right
 /// child, and the left child's last item (and last child) up into its place.
-fn rotate_right(inner: &mut Inner, left: usize) {
+fn rotate_right<M: Measure>(inner: &mut Inner<M>, left: usize) {
     let Some((l, r)) = pair(&mut inner.children, left) else {
         return;
     };
@@ -646,14 +884,15 @@ fn rotate_right(inner: &mut Inner, left: usize) {
     r.items_mut().insert(0, down);
     if let (Node::Inner(li), Node::Inner(ri)) = (l, r) {
         if let Some(c) = li.children.pop() {
-            insert_child(&mut ri.children, 0, c);
+            let sum = li.sums.pop().unwrap_or_default();
+            insert_child(ri, 0, c, sum);
         }
     }
 }
 
 /// Mirror of [`rotate_right`]: the right child's first item goes up, the separator down to the
 /// end of the left child.
-fn rotate_left(inner: &mut Inner, left: usize) {
+fn rotate_left<M: Measure>(inner: &mut Inner<M>, left: usize) {
     let Some((l, r)) = pair(&mut inner.children, left) else {
         return;
     };
@@ -668,22 +907,29 @@ fn rotate_left(inner: &mut Inner, left: usize) {
     if let (Node::Inner(li), Node::Inner(ri)) = (l, r) {
         if !ri.children.is_empty() {
             let c = ri.children.remove(0);
+            let sum = if ri.sums.is_empty() {
+                M::default()
+            } else {
+                ri.sums.remove(0)
+            };
             let end = li.children.len();
-            insert_child(&mut li.children, end, c);
+            insert_child(li, end, c, sum);
         }
     }
 }
 
 /// Merges child `left + 1` and the separator between them into child `left`.
-fn merge(inner: &mut Inner, left: usize, counts: &mut NodeCounts) {
+fn merge<M: Measure>(inner: &mut Inner<M>, left: usize, counts: &mut NodeCounts) {
     let right_pos = left.saturating_add(1);
-    if right_pos >= inner.children.len() {
+    if right_pos >= inner.children.len() || right_pos >= inner.sums.len() {
         return;
     }
     let Some(separator) = inner.items.remove(left) else {
         return;
     };
     let right = inner.children.remove(right_pos);
+    // The caller re-reads the merged child's sum.
+    inner.sums.remove(right_pos);
     let Some(l) = inner.children.get_mut(left) else {
         return;
     };
@@ -693,6 +939,8 @@ fn merge(inner: &mut Inner, left: usize, counts: &mut NodeCounts) {
         (Node::Inner(li), Node::Inner(mut ri)) => {
             li.children.reserve_exact(ri.children.len());
             li.children.append(&mut ri.children);
+            li.sums.reserve_exact(ri.sums.len());
+            li.sums.append(&mut ri.sums);
             counts.inner = counts.inner.saturating_sub(1);
         }
         _ => counts.leaves = counts.leaves.saturating_sub(1),
@@ -700,19 +948,19 @@ fn merge(inner: &mut Inner, left: usize, counts: &mut NodeCounts) {
 }
 
 /// Mutable references to children `i` and `i + 1`.
-fn pair(children: &mut [Node], i: usize) -> Option<(&mut Node, &mut Node)> {
+fn pair<M>(children: &mut [Node<M>], i: usize) -> Option<(&mut Node<M>, &mut Node<M>)> {
     let (a, b) = children.split_at_mut_checked(i.checked_add(1)?)?;
     Some((a.last_mut()?, b.first_mut()?))
 }
 
 /// In-order iterator: a stack of (node, next item index).
-pub struct Iter<'a> {
-    stack: [Option<(&'a Node, usize)>; MAX_DEPTH],
+pub struct Iter<'a, M = ()> {
+    stack: [Option<(&'a Node<M>, usize)>; MAX_DEPTH],
     depth: usize,
 }
 
-impl<'a> Iter<'a> {
-    fn push(&mut self, node: &'a Node, pos: usize) -> bool {
+impl<'a, M: Measure> Iter<'a, M> {
+    fn push(&mut self, node: &'a Node<M>, pos: usize) -> bool {
         match self.stack.get_mut(self.depth) {
             Some(slot) => {
                 *slot = Some((node, pos));
@@ -723,7 +971,7 @@ impl<'a> Iter<'a> {
         }
     }
 
-    fn top(&self) -> Option<(&'a Node, usize)> {
+    fn top(&self) -> Option<(&'a Node<M>, usize)> {
         self.stack
             .get(self.depth.checked_sub(1)?)
             .copied()
@@ -741,7 +989,7 @@ impl<'a> Iter<'a> {
     }
 }
 
-impl Iterator for Iter<'_> {
+impl<M: Measure> Iterator for Iter<'_, M> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
@@ -780,10 +1028,25 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
-    /// Handles whose key is `keys[h]`.
+    /// A test measure: the sum of the keys and their count.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    struct KeySum(i64, u64);
+
+    impl Measure for KeySum {
+        fn plus(self, o: Self) -> Self {
+            KeySum(self.0.wrapping_add(o.0), self.1.wrapping_add(o.1))
+        }
+        fn minus(self, o: Self) -> Self {
+            KeySum(self.0.wrapping_sub(o.0), self.1.wrapping_sub(o.1))
+        }
+    }
+
+    /// Handles whose key is `keys[h]`, in a plain tree and in a tree measuring [`KeySum`]
+    /// (the same operations on both).
     struct Model {
         keys: Vec<i64>,
         tree: HTree,
+        measured: HTree<KeySum>,
         set: BTreeSet<(i64, u32)>,
     }
 
@@ -792,8 +1055,13 @@ mod tests {
             Model {
                 keys: Vec::new(),
                 tree: HTree::default(),
+                measured: HTree::default(),
                 set: BTreeSet::new(),
             }
+        }
+
+        fn measure(&self) -> impl Fn(u32) -> KeySum + '_ {
+            |h| KeySum(self.keys[h as usize], 1)
         }
 
         fn key(&self, h: u32) -> (i64, u32) {
@@ -810,6 +1078,10 @@ mod tests {
             let k = (key, h);
             let keys = &self.keys;
             assert!(self.tree.insert(h, |x| k.cmp(&(keys[x as usize], x))));
+            let measure = |x: u32| KeySum(keys[x as usize], 1);
+            assert!(self
+                .measured
+                .insert_measured(h, |x| k.cmp(&(keys[x as usize], x)), &measure));
             assert!(self.set.insert(k));
         }
 
@@ -834,6 +1106,12 @@ mod tests {
                 self.tree.remove(|x| k.cmp(&(keys[x as usize], x))),
                 Some(k.1)
             );
+            let measure = |x: u32| KeySum(keys[x as usize], 1);
+            assert_eq!(
+                self.measured
+                    .remove_measured(|x| k.cmp(&(keys[x as usize], x)), &measure),
+                Some(k.1)
+            );
             self.set.remove(&k);
         }
 
@@ -847,6 +1125,27 @@ mod tests {
             assert_eq!(got, want);
             assert_eq!(self.tree.first(), want.first().copied());
             assert_eq!(self.tree.last(), want.last().copied());
+            self.measured
+                .check(|a, b| (keys[a as usize], a).cmp(&(keys[b as usize], b)))
+                .unwrap();
+            self.measured.check_sums(&self.measure()).unwrap();
+            let got: Vec<u32> = self.measured.iter().collect();
+            assert_eq!(got, want);
+        }
+
+        /// `sum_below` for the bound `(key, h)` against the set: strictly below a key that
+        /// is held, and below a bound that matches nothing (every `key` with `h = u32::MAX`).
+        fn check_sums_below(&self, key: i64, h: u32) {
+            let keys = &self.keys;
+            let k = (key, h);
+            let want = self
+                .set
+                .range(..k)
+                .fold(KeySum::default(), |a, &(key, _)| a.plus(KeySum(key, 1)));
+            let got = self
+                .measured
+                .sum_below(|x| k.cmp(&(keys[x as usize], x)), &self.measure());
+            assert_eq!(got, want, "below {k:?}");
         }
     }
 
@@ -912,13 +1211,69 @@ mod tests {
                 let want: Vec<u32> = m.set.range(k..).map(|e| e.1).collect();
                 prop_assert_eq!(from, want);
             }
+            for k in m.set.clone() {
+                m.check_sums_below(k.0, k.1);
+                m.check_sums_below(k.0, u32::MAX);
+            }
+            m.check_sums_below(i64::MIN, 0);
+            m.check_sums_below(i64::MAX, u32::MAX);
             while !m.set.is_empty() {
                 m.remove_nth(7);
                 if m.set.len() % 97 == 0 {
                     m.check();
+                    m.check_sums_below(0, u32::MAX);
                 }
             }
             m.check();
+        }
+    }
+
+    #[test]
+    fn sums_survive_removals_anywhere_in_a_deep_tree() {
+        // 12 000 keys in a scrambled order: three levels, so removals of inner items take
+        // predecessors up through inner nodes, and every rebalancing case happens.
+        let mut m = Model::new();
+        let n: i64 = 12_000;
+        for i in 0..n {
+            m.insert((i * 7_919) % n);
+        }
+        m.check();
+        let mut step = 0usize;
+        while !m.set.is_empty() {
+            step += 1;
+            m.remove_nth(step.wrapping_mul(2_654_435_761) % 65_536);
+            if step % 1_000 == 0 {
+                m.check();
+                m.check_sums_below(n / 2, u32::MAX);
+            }
+        }
+        m.check();
+    }
+
+    #[test]
+    fn sums_below_follow_appends_and_removals_from_the_front() {
+        // The deadline index's pattern: appends in order, expiry from the front.
+        let mut m = Model::new();
+        for i in 0..5_000 {
+            m.insert(i);
+        }
+        m.check();
+        for bound in [0, 1, 30, 31, 32, 961, 2_500, 4_999, 5_000] {
+            m.check_sums_below(bound, u32::MAX);
+        }
+        // Below 2 500 (u32::MAX sorts after every handle of key 2 499): keys 0..=2 499.
+        let keys = m.keys.clone();
+        let below = m.measured.sum_below(
+            |x| (2_499i64, u32::MAX).cmp(&(keys[x as usize], x)),
+            &m.measure(),
+        );
+        assert_eq!(below, KeySum((0..2_500).sum(), 2_500));
+        for _ in 0..4_000 {
+            m.remove_nth(0);
+        }
+        m.check();
+        for bound in [0, 4_000, 4_500, 5_000] {
+            m.check_sums_below(bound, u32::MAX);
         }
     }
 }

@@ -346,22 +346,19 @@ impl Budget {
         wall_ms.max(self.clock_ms)
     }
 
-    /// Sum and count of expired-but-unreleased reservations at `now`.
+    /// Sum and count of expired-but-unreleased reservations at `now`: none without a search
+    /// while the soonest deadline is ahead (the usual case), else one O(log n) descent of the
+    /// deadline index, however many there are.
     fn unreleased_expired(&self, now: i64) -> (i64, i64) {
-        let mut sum = 0i64;
-        let mut count = 0i64;
         if self.book.first_deadline().is_none_or(|d| d > now) {
-            return (sum, count);
+            return (0, 0);
         }
-        for (_, r) in self.book.pending() {
-            if r.deadline_ms > now {
-                break;
-            }
-            // Bounded by `reserved`, which is a valid i64.
-            sum = sum.saturating_add(r.amount);
-            count = count.saturating_add(1);
-        }
-        (sum, count)
+        let expired = self.book.expired(now);
+        (
+            // A sum of pending amounts: at most `reserved`, a valid i64.
+            expired.amount,
+            i64::try_from(expired.count).unwrap_or(i64::MAX),
+        )
     }
 
     /// The logical numbers at `now`.

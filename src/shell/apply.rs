@@ -28,8 +28,8 @@ pub fn apply_and_propagate(
     }
 }
 
-/// [`apply_and_propagate`] without the view afterwards (the sweeper's: a view walks every
-/// expired reservation not yet released, which a sweep of a big backlog leaves behind).
+/// [`apply_and_propagate`] without the view afterwards (the sweeper's, which has no use for
+/// it).
 pub fn apply_and_replicate(
     ctx: &Context,
     key_name: &RedisString,
