@@ -21,7 +21,7 @@
 //!
 //! Environment: `BENCH_QUICK=1` (short run, ≤ 60 s), `BENCH_THREADS` (connections, default 4),
 //! `BENCH_SECONDS` (per workload and depth), `BENCH_REPEAT` (passes over the load workloads,
-//! each keeping its best; default 3, QUICK 1), `BENCH_ONLY=load,memory,sweeper`,
+//! each keeping its best; default 3, QUICK 1), `BENCH_ONLY=load,memory,sweeper,complexity`,
 //! `BENCH_PIN=0` (skip the runs with the server on its own CPU),
 //! `BENCH_WORKLOADS=hincrby,cycle` (load workloads whose name contains one of these, any
 //! case; default all), `BENCH_SWEEP_EFFORT=1000,20000` (sweeper runs), `BENCH_OUT` (report
@@ -41,6 +41,7 @@
     clippy::panic
 )]
 
+mod complexity;
 mod load;
 mod memory;
 mod report;
@@ -77,6 +78,8 @@ pub struct Config {
     pub sweep_per_key: usize,
     pub sweep_spread_ms: i64,
     pub sweep_efforts: Vec<i64>,
+    /// Reservations in the key of each expired-backlog read measurement.
+    pub backlog_sizes: Vec<usize>,
     pub out: Option<std::path::PathBuf>,
     /// Also measure throughput with the server on a CPU of its own (`BENCH_PIN`, default on).
     pub pin: bool,
@@ -99,7 +102,7 @@ impl Config {
             None => 2.0,
         };
         let sections = env("BENCH_ONLY")
-            .unwrap_or_else(|| "load,memory,sweeper".into())
+            .unwrap_or_else(|| "load,memory,sweeper,complexity".into())
             .split(',')
             .map(|s| s.trim().to_string())
             .collect();
@@ -143,6 +146,11 @@ impl Config {
             sweep_per_key: 1000,
             sweep_spread_ms: if quick { 1000 } else { 3000 },
             sweep_efforts,
+            backlog_sizes: if quick {
+                vec![1_000, 20_000]
+            } else {
+                vec![1_000, 100_000]
+            },
             out,
             pin: !matches!(env("BENCH_PIN").as_deref(), Some("0")),
         })
@@ -303,6 +311,14 @@ fn run() -> Result<()> {
             );
             results.sweeper.push(r);
         }
+    }
+
+    if cfg.runs("complexity") {
+        eprintln!(
+            "bench: reads with an expired backlog ({:?} reservations)…",
+            cfg.backlog_sizes
+        );
+        results.backlog = complexity::measure_expired_reads(&module, &cfg.backlog_sizes)?;
     }
 
     if results.redis_version.is_empty() {

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::complexity::ExpiredRead;
 use crate::load::{Kind, Measure};
 use crate::memory::{MemoryResults, PerItem, SweepResult};
 use crate::{Config, Result, DEPTHS, PINNED_DEPTH};
@@ -26,6 +27,7 @@ pub struct Results {
     pub pinned_client_cpus: usize,
     pub memory: Option<MemoryResults>,
     pub sweeper: Vec<SweepResult>,
+    pub backlog: Vec<ExpiredRead>,
     pub wall: Duration,
 }
 
@@ -265,6 +267,34 @@ pub fn render(cfg: &Config, r: &Results) -> String {
         s.push('\n');
     }
 
+    if !r.backlog.is_empty() {
+        let _ = writeln!(s, "### Reads with an expired backlog\n");
+        let _ = writeln!(
+            s,
+            "One key holding n reservations (test clock, sweeper off, nobody writing): \
+             `QUOTA.INFO` server µs a call before their deadlines and after all have passed, \
+             when every one is expired but not yet released ({} pipelined calls each). A read \
+             that walked the expired ones would cost in proportion to n.\n",
+            crate::complexity::CALLS
+        );
+        let _ = writeln!(
+            s,
+            "| pending in the key | µs, none expired | µs, all expired | all ÷ none |"
+        );
+        let _ = writeln!(s, "|--:|--:|--:|--:|");
+        for b in &r.backlog {
+            let _ = writeln!(
+                s,
+                "| {} | {:.2} | {:.2} | {:.2}× |",
+                b.pending,
+                b.none_expired_us,
+                b.all_expired_us,
+                b.all_expired_us / b.none_expired_us.max(0.01)
+            );
+        }
+        s.push('\n');
+    }
+
     if !r.sweeper.is_empty() {
         let _ = writeln!(s, "### Sweeper\n");
         let _ = writeln!(
@@ -480,6 +510,21 @@ fn goals(cfg: &Config, r: &Results) -> String {
             "≤ 1000 ms at 1 M",
             &|v| v <= 1000.0,
         );
+    }
+    if let (Some(small), Some(big)) = (r.backlog.first(), r.backlog.last()) {
+        if big.pending > small.pending {
+            // O(n) in the backlog would grow with it (100× from 1 000 to 100 000).
+            row(
+                &format!(
+                    "O(log n): QUOTA.INFO with {} expired, unreleased ÷ with {}",
+                    big.pending, small.pending
+                ),
+                Some(big.all_expired_us / small.all_expired_us.max(0.01)),
+                &|v| format!("{v:.2}×"),
+                &format!("≤ 2× (O(n): ~{}×)", big.pending / small.pending.max(1)),
+                &|v| v <= 2.0,
+            );
+        }
     }
     for line in quick_rows {
         let _ = writeln!(s, "{line}");
