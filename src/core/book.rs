@@ -13,7 +13,7 @@
 //! handle is updated in the indexes, O(log n)), so a slab spans at most about twice its entries.
 //!
 //! The orders are [`HTree`]s of handles — B-trees that store 4-byte handles and compare
-//! through the slabs — so an index costs 4.5–6 bytes per entry instead of a copy of the id.
+//! through the slabs — so an index costs about 5–8 bytes per entry instead of a copy of the id.
 //! Four of them: pending ids, finished ids, deadlines, finish times. Pending and finished ids
 //! are indexed apart so that a settle finds its (pending) id among the few pending ones, not
 //! among every remembered id, and a lookup of an id above all (a generated id, a growing
