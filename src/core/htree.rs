@@ -206,15 +206,19 @@ fn insert_child<M: Measure>(inner: &mut Inner<M>, pos: usize, node: Node<M>, sum
 /// The measure of the subtree at `node`, read from its items and its children's sums (one
 /// node's worth of `measure` calls).
 fn node_sum<M: Measure>(node: &Node<M>, measure: &impl Fn(u32) -> M) -> M {
-    let items = node
-        .items()
-        .as_slice()
-        .iter()
-        .fold(M::default(), |acc, &h| acc.plus(measure(h)));
+    let items = items_sum(node, measure);
     match node {
         Node::Leaf(_) => items,
         Node::Inner(inner) => inner.sums.iter().fold(items, |acc, &s| acc.plus(s)),
     }
+}
+
+/// The measure of `node`'s own items (not of its children).
+fn items_sum<M: Measure>(node: &Node<M>, measure: &impl Fn(u32) -> M) -> M {
+    node.items()
+        .as_slice()
+        .iter()
+        .fold(M::default(), |acc, &h| acc.plus(measure(h)))
 }
 
 /// Adds `delta` to the sum of child `i`.
@@ -574,11 +578,7 @@ fn check_sums_of<M: Measure>(
     node: &Node<M>,
     measure: &impl Fn(u32) -> M,
 ) -> Result<M, &'static str> {
-    let items = node
-        .items()
-        .as_slice()
-        .iter()
-        .fold(M::default(), |acc, &h| acc.plus(measure(h)));
+    let items = items_sum(node, measure);
     match node {
         Node::Leaf(_) => Ok(items),
         Node::Inner(inner) => {
@@ -1066,6 +1066,16 @@ mod tests {
             }
         }
 
+        /// A model holding keys `0..n`, inserted in order (appends), checked.
+        fn appended(n: i64) -> Model {
+            let mut m = Model::new();
+            for i in 0..n {
+                m.insert(i);
+            }
+            m.check();
+            m
+        }
+
         fn measure(&self) -> impl Fn(u32) -> KeySum + '_ {
             |h| KeySum(self.keys[h as usize], 1)
         }
@@ -1157,11 +1167,7 @@ mod tests {
 
     #[test]
     fn appends_fill_leaves() {
-        let mut m = Model::new();
-        for i in 0..10_000 {
-            m.insert(i);
-        }
-        m.check();
+        let mut m = Model::appended(10_000);
         let c = m.tree.node_counts();
         // About 30 per leaf when appending in order.
         assert!(c.leaves <= 10_000 / 29, "{c:?}");
@@ -1259,11 +1265,7 @@ mod tests {
     #[test]
     fn sums_below_follow_appends_and_removals_from_the_front() {
         // The deadline index's pattern: appends in order, expiry from the front.
-        let mut m = Model::new();
-        for i in 0..5_000 {
-            m.insert(i);
-        }
-        m.check();
+        let mut m = Model::appended(5_000);
         for bound in [0, 1, 30, 31, 32, 961, 2_500, 4_999, 5_000] {
             m.check_sums_below(bound, u32::MAX);
         }
