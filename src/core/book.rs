@@ -1098,15 +1098,6 @@ impl Book {
         self.by_deadline.iter().map(|h| store.pending_key(h))
     }
 
-    /// Pending reservations, soonest deadline first.
-    pub fn pending(&self) -> impl Iterator<Item = (&[u8], Reservation)> + '_ {
-        let store = &self.store;
-        self.by_deadline
-            .iter()
-            .filter_map(|h| store.pending_slot(h).map(|s| (s, h)))
-            .map(|(s, h)| (store.pending_id(h), s.reservation()))
-    }
-
     /// The total amount and the number of pending reservations whose deadline is at or before
     /// `now_ms` (expired, not yet released). O(log n): one descent of the deadline index.
     pub fn expired(&self, now_ms: i64) -> PendingSum {
