@@ -652,6 +652,8 @@ impl Model {
                     deadline, released, ..
                 }) if *deadline <= now && !*released => {
                     *released = true;
+                    // A release moves the key's time to its deadline, no further.
+                    self.clock = self.clock.max(*deadline);
                     Ok(())
                 }
                 other => Err(format!("Release of {id:?} in state {other:?}")),
@@ -1389,7 +1391,12 @@ impl Run {
                 | (Cmd::Charge { force: false, .. }, Reply::Charge(true))
         ) && changed;
         self.model.commit(p.change, gen.clone(), now);
-        if !effects.is_empty() {
+        // Cleanup (releases, forgets) is not a command: only the command's own effects move
+        // the key's time to `now` (a release moved it to its deadline above).
+        if effects
+            .iter()
+            .any(|e| !matches!(e, Effect::Release { .. } | Effect::Forget { .. }))
+        {
             self.model.clock = now;
         }
         if let Some(g) = &gen {

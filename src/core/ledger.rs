@@ -278,7 +278,8 @@ impl Budget {
         &self.index_tag
     }
 
-    /// The key's clock: the latest time a command was applied at (unix ms).
+    /// The key's clock (unix ms): the latest time a command's own effect was applied at, or
+    /// a released reservation's deadline if later; a forget does not move it.
     pub fn clock_ms(&self) -> i64 {
         self.clock_ms
     }
@@ -1015,6 +1016,11 @@ impl Budget {
     /// Applies one effect at `at_ms`. Validates before mutating: on error nothing changed.
     pub fn apply(&mut self, at_ms: i64, effect: &Effect) -> Result<(), LedgerError> {
         let at = at_ms.max(self.clock_ms);
+        // Where the key's clock goes: to `at` for a command's own effect. Cleanup is not a
+        // command: a release moves it only to the deadline it releases at (never back before
+        // it, so a released reservation cannot come back), a forget not at all. Swept and
+        // unswept keys therefore keep the same clock, whoever wrote the cleanup and when.
+        let mut clock = at;
         match effect {
             Effect::Configure {
                 settings,
@@ -1135,9 +1141,12 @@ impl Budget {
             }
             Effect::Release { id } => {
                 // Finished at the deadline: swept and unswept expiries are remembered alike.
+                let mut deadline = at;
                 self.unreserve(id, |r| {
+                    deadline = r.deadline_ms;
                     (Outcome::Expired { amount: r.amount }, r.deadline_ms)
                 })?;
+                clock = deadline.min(at);
             }
             Effect::Extend { id, deadline_ms } => {
                 self.book.update(
@@ -1181,6 +1190,7 @@ impl Budget {
             Effect::Forget { id } => match self.book.get(id) {
                 Some(Entry::Finished(_)) => {
                     self.book.remove(id);
+                    clock = self.clock_ms;
                 }
                 _ => {
                     return Err(LedgerError::BadEffect(
@@ -1189,7 +1199,7 @@ impl Budget {
                 }
             },
         }
-        self.clock_ms = at;
+        self.clock_ms = self.clock_ms.max(clock);
         Ok(())
     }
 

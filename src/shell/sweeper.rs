@@ -284,11 +284,11 @@ fn sweep_key(ctx: &Context, db: i32, name: &[u8], now: i64, keep: i64, max: usiz
         Some(d) if apply::releases(&effects) > 0 => at.saturating_sub(d).max(0),
         _ => 0,
     };
-    // Applied at the key's own clock: a sweep is not a command and must not move the key's
-    // time, so a swept key and an unswept one answer every later command alike. The effects
-    // that apply are replicated and counted (INFO's expired) as any write's lazy releases are.
-    let key_clock = budget.clock_ms();
-    let result = apply::apply_and_replicate(ctx, &key_name, budget, key_clock, &effects);
+    // A sweep is not a command: its releases move the key's time only to their deadlines and
+    // its forgets not at all (`Budget::apply`), as a write's own cleanup does, so a swept key
+    // and an unswept one answer every later command alike. The effects that apply are
+    // replicated and counted (INFO's expired) as any write's lazy releases are.
+    let result = apply::apply_and_replicate(ctx, &key_name, budget, at, &effects);
     let released = apply::releases(effects.get(..result.applied).unwrap_or(&[]));
     stats::add(&stats::SWEEP_RELEASED, released);
     (result.applied, lag)
