@@ -84,7 +84,9 @@ impl Items {
         let Some(window) = self.buf.get_mut(pos..new_len) else {
             return false;
         };
-        window.rotate_right(1);
+        // A memmove (`rotate_right(1)` went through the general rotation: ~3x the instructions).
+        let shifted = window.len().saturating_sub(1);
+        window.copy_within(..shifted, 1);
         if let Some(first) = window.first_mut() {
             *first = h;
         }
@@ -100,7 +102,7 @@ impl Items {
         let len = self.len();
         let window = self.buf.get_mut(pos..len)?;
         let h = *window.first()?;
-        window.rotate_left(1);
+        window.copy_within(1.., 0);
         self.len = self.len.saturating_sub(1);
         Some(h)
     }

@@ -36,10 +36,12 @@ impl StreamId {
     /// Parses the canonical form only (decimal digits, no sign, no leading zeros), so that each
     /// id has one spelling and a parsed id always renders back to the same bytes.
     pub fn parse(bytes: &[u8]) -> Option<StreamId> {
-        let mut parts = bytes.splitn(2, |b| *b == b'-');
-        let ms = canonical_u64(parts.next()?)?;
-        let seq = canonical_u64(parts.next()?)?;
-        Some(StreamId { ms, seq })
+        let dash = bytes.iter().position(|b| *b == b'-')?;
+        let (ms, seq) = bytes.split_at(dash);
+        Some(StreamId {
+            ms: canonical_u64(ms)?,
+            seq: canonical_u64(seq.get(1..)?)?,
+        })
     }
 
     /// The canonical `<ms>-<seq>` spelling (at most 41 bytes; inline up to 24).
@@ -67,12 +69,17 @@ fn canonical_u64(digits: &[u8]) -> Option<u64> {
     }
     let mut n: u64 = 0;
     for &d in digits {
-        if !d.is_ascii_digit() {
+        let digit = u64::from(d.wrapping_sub(b'0'));
+        if digit > 9 {
             return None;
         }
-        n = n
-            .checked_mul(10)?
-            .checked_add(u64::from(d.wrapping_sub(b'0')))?;
+        // Up to 19 digits cannot overflow (10^19 - 1 < u64::MAX): plain arithmetic, exact.
+        // Applied to every generated id a grant stores, so the usual case stays cheap.
+        n = if digits.len() < 20 {
+            n.wrapping_mul(10).wrapping_add(digit)
+        } else {
+            n.checked_mul(10)?.checked_add(digit)?
+        };
     }
     Some(n)
 }
@@ -80,6 +87,39 @@ fn canonical_u64(digits: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The canonical spelling by way of the standard library: what `parse` must agree with.
+    fn reference(bytes: &[u8]) -> Option<StreamId> {
+        let (ms, seq) = std::str::from_utf8(bytes).ok()?.split_once('-')?;
+        let canonical = |t: &str| t.parse::<u64>().ok().filter(|n| n.to_string() == t);
+        Some(StreamId {
+            ms: canonical(ms)?,
+            seq: canonical(seq)?,
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn parse_agrees_with_reference(
+            // Mostly digits, so that one dash, leading zeros and 20-digit parts are common.
+            bytes in proptest::collection::vec(
+                prop_oneof![
+                    12 => prop::sample::select(b"0123456789".to_vec()),
+                    1 => prop::sample::select(b"-+ a\xff".to_vec()),
+                ],
+                0..45,
+            ),
+        ) {
+            prop_assert_eq!(StreamId::parse(&bytes), reference(&bytes));
+        }
+
+        #[test]
+        fn parse_reads_back_any_id(ms in any::<u64>(), seq in any::<u64>()) {
+            let id = StreamId { ms, seq };
+            prop_assert_eq!(StreamId::parse(&id.to_bytes()), Some(id));
+        }
+    }
 
     #[test]
     fn next_follows_clock_then_sequence() {
@@ -133,6 +173,8 @@ mod tests {
             b"1-2-3",
             b"+1-2",
             b"99999999999999999999-1",
+            b"18446744073709551616-0",
+            b"1-18446744073709551616",
         ] {
             assert_eq!(
                 StreamId::parse(bad),
@@ -146,5 +188,14 @@ mod tests {
             seq: 7,
         };
         assert_eq!(StreamId::parse(&id.to_bytes()), Some(id));
+        // The 19- and 20-digit edges: the largest values and the first ones past them.
+        for n in [
+            9_999_999_999_999_999_999u64,
+            10_000_000_000_000_000_000,
+            u64::MAX,
+        ] {
+            let id = StreamId { ms: n, seq: n };
+            assert_eq!(StreamId::parse(&id.to_bytes()), Some(id));
+        }
     }
 }

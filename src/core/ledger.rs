@@ -299,6 +299,10 @@ impl Budget {
 
     /// The period containing `now`: the stored bounds while they hold, else computed.
     pub fn current_bounds(&self, now: i64) -> Result<Option<(i64, i64)>, LedgerError> {
+        if self.period.is_none() {
+            // The common case, asked on every view (bounds are None too: an invariant).
+            return Ok(None);
+        }
         match self.period_bounds {
             Some((start, end)) if now >= start && now < end => Ok(Some((start, end))),
             _ => self.period.bounds(now).map_err(period_error),

@@ -291,7 +291,10 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let plan = b
             .plan_reserve(now, &policy, amount, id, ttl)
             .map_err(error_reply)?;
-        let retry = b.retry_after(now, amount);
+        let retry = match plan.reply {
+            ReserveReply::Denied => b.retry_after(now, amount),
+            _ => 0,
+        };
         Ok(Plan {
             effects: plan.effects,
             reply: (plan.reply, retry),

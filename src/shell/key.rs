@@ -95,7 +95,14 @@ impl<'a> ModuleKey<'a> {
         if self.inner.is_null() {
             return Ok(None);
         }
-        crate::shell::wrongtype(verify_type(self.inner, ty))?;
+        let get_type = api!(RedisModule_ModuleTypeGetType)?;
+        // SAFETY: the key is open; the type is null for an empty key or a non-module value.
+        if unsafe { get_type(self.inner) } != *ty.raw_type.borrow() {
+            // Not ours: empty (no value), or another type (WRONGTYPE). One call fewer for the
+            // usual case, a key of our type, which every write meets twice.
+            crate::shell::wrongtype(verify_type(self.inner, ty))?;
+            return Ok(None);
+        }
         let get = api!(RedisModule_ModuleTypeGetValue)?;
         // SAFETY: the key is open and holds type `ty` (checked above) or nothing (null).
         let value = unsafe { get(self.inner) }.cast::<T>();
