@@ -104,7 +104,7 @@ impl<'a> ModuleKey<'a> {
             return Ok(None);
         }
         let get = api!(RedisModule_ModuleTypeGetValue)?;
-        // SAFETY: the key is open and holds type `ty` (checked above) or nothing (null).
+        // SAFETY: the key is open and holds a value of type `ty` (checked above).
         let value = unsafe { get(self.inner) }.cast::<T>();
         Ok((!value.is_null()).then_some(value))
     }
