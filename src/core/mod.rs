@@ -9,6 +9,6 @@ pub mod error;
 pub mod htree;
 pub mod id;
 pub mod ledger;
-pub mod remembered;
 pub mod period;
+pub mod remembered;
 pub mod window;

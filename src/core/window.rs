@@ -242,7 +242,11 @@ impl WindowConfig {
     /// # Errors
     ///
     /// As [`WindowParams::parse`].
-    pub fn parse(limit: i64, window_ms: i64, precision_ms: Option<i64>) -> Result<Self, WindowError> {
+    pub fn parse(
+        limit: i64,
+        window_ms: i64,
+        precision_ms: Option<i64>,
+    ) -> Result<Self, WindowError> {
         let p = WindowParams::parse(limit, window_ms, Some(0), precision_ms)?;
         Ok(Self {
             limit: p.limit,
@@ -755,9 +759,7 @@ impl Buckets {
             Ok(i) => self.counts.iter().nth(i).unwrap_or(0),
             Err(_) => 0,
         };
-        let now = i128::from(was)
-            .saturating_add(i128::from(delta))
-            .max(0);
+        let now = i128::from(was).saturating_add(i128::from(delta)).max(0);
         let now = i64::try_from(now).map_err(|_| WindowError::Overflow)?;
         let total = self
             .total
@@ -1022,6 +1024,16 @@ impl Window {
         Ok(decide_held(&self.buckets, &ask))
     }
 
+    /// Window of the last recorded call, ms.
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    /// Bucket width of the held history, ms.
+    pub fn precision(&self) -> i64 {
+        self.precision_ms
+    }
+
     /// The stored configuration, if any (`QUOTA.SET key WINDOW ...`).
     pub fn config(&self) -> Option<&WindowConfig> {
         self.config.as_ref()
@@ -1065,17 +1077,16 @@ impl Window {
     /// due time); `None` without ids.
     pub fn ids_due_ms(&self) -> Option<i64> {
         self.ids.oldest_index().map(|index| {
-            clamp_i64(bucket_last(index, self.precision_ms).saturating_add(i128::from(self.window_ms)))
+            clamp_i64(
+                bucket_last(index, self.precision_ms).saturating_add(i128::from(self.window_ms)),
+            )
         })
     }
 
     /// How many ids a [`WindowEffect::Forget`] at `now_ms` would forget (0: nothing to sweep).
     pub fn stale_ids(&self, now_ms: i64) -> usize {
         let first = self.first_live_index(self.effective_now(now_ms));
-        self.ids
-            .iter()
-            .filter(|(_, e)| e.index < first)
-            .count()
+        self.ids.iter().filter(|(_, e)| e.index < first).count()
     }
 
     /// What the window counts now under `params`' window and precision, `>= 0`.
@@ -1109,7 +1120,11 @@ impl Window {
                 return Ok(IdPlan::Retried)
             }
             Some(e) if e.status == IdStatus::Pending => {
-                return Err(window_conflict(id, "pending", "pending with a different amount"))
+                return Err(window_conflict(
+                    id,
+                    "pending",
+                    "pending with a different amount",
+                ))
             }
             Some(e) => {
                 return Err(window_conflict(
@@ -1145,7 +1160,12 @@ impl Window {
     ///
     /// `CONFLICT` if the id was rolled back or settled with another actual; `ERR` if the
     /// correction would overflow; a negative actual.
-    pub fn plan_id_settle(&self, now_ms: i64, id: &[u8], actual: i64) -> Result<IdPlan, LedgerError> {
+    pub fn plan_id_settle(
+        &self,
+        now_ms: i64,
+        id: &[u8],
+        actual: i64,
+    ) -> Result<IdPlan, LedgerError> {
         if actual < 0 {
             return Err(LedgerError::Invalid("actual must not be negative"));
         }
@@ -1189,7 +1209,11 @@ impl Window {
                 released: e.counted,
             }),
             IdStatus::RolledBack => Ok(IdPlan::Duplicate),
-            IdStatus::Settled => Err(window_conflict(id, "settled", "a rollback never un-charges")),
+            IdStatus::Settled => Err(window_conflict(
+                id,
+                "settled",
+                "a rollback never un-charges",
+            )),
         }
     }
 
@@ -1407,7 +1431,9 @@ impl Window {
             if checked != Some(e.index)
                 && self.ids.counted_in(e.index) > i128::from(self.buckets.count_of(e.index))
             {
-                return Err(WindowError::Corrupt("remembered ids count past their bucket"));
+                return Err(WindowError::Corrupt(
+                    "remembered ids count past their bucket",
+                ));
             }
             checked = Some(e.index);
         }
