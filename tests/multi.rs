@@ -891,3 +891,42 @@ fn replica_and_aof_replays_are_digest_equal_after_a_multi_key_workload() {
         }
     }
 }
+
+/// The active sweeper forgets a window key's ids once their bucket has left the window, in a
+/// key nobody writes to any more, and replicates it (the replica's key ends equal).
+#[test]
+fn the_sweeper_forgets_window_ids_whose_bucket_left_the_window() {
+    let master = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    ok(
+        &mut m,
+        &["QUOTA.SET", "w", "WINDOW", "100", "200", "PRECISION", "10"],
+    );
+    ok(&mut m, &["QUOTA.SET", "b", "LIMIT", "100"]);
+    for id in ["a", "b", "c"] {
+        let r = ok(
+            &mut m,
+            &["QUOTA.MRESERVE", "2", "w", "b", "1", "1", "ID", id],
+        );
+        assert_eq!(int(&items(&r)[0]), 1);
+    }
+    assert_eq!(info(&mut m, "w")["remembered_ids"], 3);
+    let mut gone = false;
+    for _ in 0..200 {
+        if info(&mut m, "w")["remembered_ids"] == 0 {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(gone, "the sweeper did not forget the ids");
+    // The window counted them, the budget still holds them: only the ids went.
+    assert_eq!(info(&mut m, "b")["reserved"], 3);
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(acked, 1);
+    let mut r = replica.conn();
+    assert_eq!(digest(&mut m, "w"), digest(&mut r, "w"));
+    assert_eq!(info(&mut r, "w")["remembered_ids"], 0);
+}
