@@ -947,8 +947,7 @@ fn queue_mreserve(
     let m = &multi_keys()[k];
     if lua {
         // EVALSHA sha numkeys detail keys.. nb nw id ttl amounts..
-        p.cmd(3 + 1 + m.lua.len() + 4 + MULTI_KEYS)
-            .bulk(b"EVALSHA");
+        p.cmd(3 + 1 + m.lua.len() + 4 + MULTI_KEYS).bulk(b"EVALSHA");
         p.bulk(scripts.mreserve.as_bytes());
         p.int(1 + m.lua.len() as i64);
         p.bulk(format!("{}{id}", m.detail).as_bytes());
@@ -978,8 +977,7 @@ fn queue_msettle(p: &mut Packed, scripts: &Scripts, lua: bool, k: usize, id: &st
     let m = &multi_keys()[k];
     if lua {
         // EVALSHA sha numkeys detail keys.. nb nw id actuals..
-        p.cmd(3 + 1 + m.lua.len() + 3 + MULTI_KEYS)
-            .bulk(b"EVALSHA");
+        p.cmd(3 + 1 + m.lua.len() + 3 + MULTI_KEYS).bulk(b"EVALSHA");
         p.bulk(scripts.msettle.as_bytes());
         p.int(1 + m.lua.len() as i64);
         p.bulk(format!("{}{id}", m.detail).as_bytes());

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redis::{Connection, Value};
 
 use crate::load::{
-    has_command, MultiKeys, MSETTLE_LUA, MRESERVE_LUA, MULTI_ACTUALS, MULTI_AMOUNTS, MULTI_BUDGETS,
+    has_command, MultiKeys, MRESERVE_LUA, MSETTLE_LUA, MULTI_ACTUALS, MULTI_AMOUNTS, MULTI_BUDGETS,
     MULTI_KEYS, RESERVE_LUA, SETTLE_LUA, WINDOW_LUA,
 };
 use crate::server::{info, info_i64, used_memory, Server};
@@ -43,6 +43,9 @@ pub struct MemoryResults {
     /// Per 5-key reservation, pending and then settled; `None`: the module has no MRESERVE.
     pub module_multi: Option<(PerItem, PerItem)>,
     pub lua_multi: (PerItem, PerItem),
+    /// Of the module's pending 5-key reservation, `MEMORY USAGE` bytes per request in one
+    /// budget key and in one window key.
+    pub module_multi_split: Option<(f64, f64)>,
 }
 
 /// The multi-limit memory measurement's window: an hour (default precision, 1 min), so that
@@ -366,13 +369,29 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
                     let mut c = redis::cmd("QUOTA.SET");
                     c.arg(k);
                     if i < MULTI_BUDGETS {
-                        c.arg("LIMIT").arg(1_000_000_000_000i64).arg("TTL").arg(3_600_000);
+                        c.arg("LIMIT")
+                            .arg(1_000_000_000_000i64)
+                            .arg("TTL")
+                            .arg(3_600_000);
                     } else {
-                        c.arg("WINDOW").arg(1_000_000_000_000i64).arg(MULTI_WINDOW_MS);
+                        c.arg("WINDOW")
+                            .arg(1_000_000_000_000i64)
+                            .arg(MULTI_WINDOW_MS);
                     }
                     c.query::<Value>(&mut con)?;
                 }
             }
+            let (budgets, windows): (Vec<(usize, Vec<u8>)>, Vec<(usize, Vec<u8>)>) = keys
+                .iter()
+                .cloned()
+                .enumerate()
+                .partition(|(i, _)| i % MULTI_KEYS < MULTI_BUDGETS);
+            let budgets: Vec<Vec<u8>> = budgets.into_iter().map(|(_, k)| k).collect();
+            let windows: Vec<Vec<u8>> = windows.into_iter().map(|(_, k)| k).collect();
+            let split0 = (
+                multi_usage(&mut con, &budgets)?,
+                multi_usage(&mut con, &windows)?,
+            );
             let m0 = settled_memory(&server, &mut con)?;
             let u0 = multi_usage(&mut con, &keys)?;
             send_all(
@@ -389,6 +408,14 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
             )?;
             let m1 = settled_memory(&server, &mut con)?;
             let u1 = multi_usage(&mut con, &keys)?;
+            let split1 = (
+                multi_usage(&mut con, &budgets)?,
+                multi_usage(&mut con, &windows)?,
+            );
+            r.module_multi_split = Some((
+                (split1.0 - split0.0) / (items * MULTI_BUDGETS) as f64,
+                (split1.1 - split0.1) / (items * (MULTI_KEYS - MULTI_BUDGETS)) as f64,
+            ));
             send_all(
                 &mut con,
                 items,
@@ -442,7 +469,11 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
         // The ZSETs exist only once a call was counted: their usage is measured after.
         let keys: Vec<Vec<u8>> = tenants
             .iter()
-            .flat_map(|t| lua_keys(t).into_iter().filter(|k| !k.ends_with(b"rpm") && !k.ends_with(b"tpm")))
+            .flat_map(|t| {
+                lua_keys(t)
+                    .into_iter()
+                    .filter(|k| !k.ends_with(b"rpm") && !k.ends_with(b"tpm"))
+            })
             .collect();
         let zsets: Vec<Vec<u8>> = tenants
             .iter()
@@ -451,11 +482,17 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
         let detail = |i: usize| format!("{}{}", tenants[i % MEM_KEYS].detail, id16(i));
         let call = |p: &mut redis::Pipeline, sha: &str, i: usize, reserve: bool| {
             let t = &tenants[i % MEM_KEYS];
-            let c = p.cmd("EVALSHA").arg(sha).arg(1 + t.lua.len()).arg(detail(i));
+            let c = p
+                .cmd("EVALSHA")
+                .arg(sha)
+                .arg(1 + t.lua.len())
+                .arg(detail(i));
             for k in &t.lua {
                 c.arg(k);
             }
-            c.arg(MULTI_BUDGETS).arg(MULTI_KEYS - MULTI_BUDGETS).arg(id16(i));
+            c.arg(MULTI_BUDGETS)
+                .arg(MULTI_KEYS - MULTI_BUDGETS)
+                .arg(id16(i));
             if reserve {
                 c.arg(3600).arg(&MULTI_AMOUNTS[..]);
             } else {

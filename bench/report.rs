@@ -208,11 +208,7 @@ pub fn render(cfg: &Config, r: &Results) -> String {
                 "| {} | – | not run: the module has no QUOTA.MRESERVE / MSETTLE | | | | | | |",
                 Kind::MReserve.name()
             );
-            let _ = writeln!(
-                s,
-                "| {} | – | not run | | | | | | |",
-                Kind::MCycle.name()
-            );
+            let _ = writeln!(s, "| {} | – | not run | | | | | | |", Kind::MCycle.name());
         }
         let _ = writeln!(
             s,
@@ -282,17 +278,16 @@ pub fn render(cfg: &Config, r: &Results) -> String {
             m.module_window,
             m.lua_window,
         );
-        let multi = |s: &mut String, name: &str, lua: PerItem, module: Option<PerItem>| {
-            match module {
-                Some(a) => row(s, name, a, lua),
-                None => {
-                    let _ = writeln!(
-                        s,
-                        "| {name} | not run: no QUOTA.MRESERVE | | {} | {} | |",
-                        bytes(lua.used_memory),
-                        bytes(lua.memory_usage)
-                    );
-                }
+        let multi = |s: &mut String, name: &str, lua: PerItem, module: Option<PerItem>| match module
+        {
+            Some(a) => row(s, name, a, lua),
+            None => {
+                let _ = writeln!(
+                    s,
+                    "| {name} | not run: no QUOTA.MRESERVE | | {} | {} | |",
+                    bytes(lua.used_memory),
+                    bytes(lua.memory_usage)
+                );
             }
         };
         multi(
@@ -312,8 +307,12 @@ pub fn render(cfg: &Config, r: &Results) -> String {
             "\nThe 5-key rows: {} requests (16-byte ids) over 100 tenants' keys, 3 budgets and \
              2 window keys of an hour each (every request still inside the windows), then the \
              same ids settled; `MEMORY USAGE` is the tenants' keys' growth per request (Lua: plus \
-             a detail hash's).",
-            m.multi_items
+             a detail hash's).{}",
+            m.multi_items,
+            m.module_multi_split.map_or(String::new(), |(b, w)| format!(
+                " Of the module's pending request, by `MEMORY USAGE`: {b:.0} B in each budget \
+                 key, {w:.0} B in each window key (the id it remembers)."
+            ))
         );
         s.push('\n');
     }

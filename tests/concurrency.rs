@@ -85,7 +85,13 @@ const MULTI_MAX: [i64; 5] = [23, 19, 41, 1, 230];
 fn request(t: usize, i: usize) -> [i64; 5] {
     let tok = 1 + ((t * 7 + i * 3) % 23) as i64;
     // Loosely correlated per key, so that different keys run out at different times.
-    [tok, 1 + (tok * 5) % 19, 1 + (tok * 11) % 41, 1, 10 * (1 + (tok * 7) % 23)]
+    [
+        tok,
+        1 + (tok * 5) % 19,
+        1 + (tok * 11) % 41,
+        1,
+        10 * (1 + (tok * 7) % 23),
+    ]
 }
 
 /// What a request settles at: half its tokens, still one request.
@@ -114,7 +120,10 @@ fn mreserve(c: &mut redis::Connection, a: &[i64; 5]) -> Option<String> {
     if int(&r[0]) == 1 {
         assert_eq!(int(&r[2]), -1, "{r:?}");
         for (j, v) in values.iter().enumerate() {
-            assert!((0..=MULTI_LIMITS[j]).contains(v), "key {j} value {v}: {r:?}");
+            assert!(
+                (0..=MULTI_LIMITS[j]).contains(v),
+                "key {j} value {v}: {r:?}"
+            );
         }
         Some(text(&r[1]))
     } else {
@@ -279,7 +288,11 @@ fn clients_racing_mreserve_over_five_keys_never_over_admit() {
             let mut statuses: Vec<&str> = settles[x].iter().map(|r| r[j].0.as_str()).collect();
             statuses.sort_unstable();
             assert_eq!(statuses, ["duplicate", "settled"], "id {x} key {j}");
-            assert!(settles[x].iter().all(|r| r[j].1 == act[j]), "{:?}", settles[x]);
+            assert!(
+                settles[x].iter().all(|r| r[j].1 == act[j]),
+                "{:?}",
+                settles[x]
+            );
         }
         for j in 3..5 {
             assert!(
@@ -301,12 +314,18 @@ fn clients_racing_mreserve_over_five_keys_never_over_admit() {
     for j in 0..5 {
         if j < 3 {
             assert_eq!(state[j], (used[j], reserved2[j]), "budget {j}");
-            assert!(used[j] + reserved2[j] <= MULTI_LIMITS[j], "budget {j} over-admitted");
+            assert!(
+                used[j] + reserved2[j] <= MULTI_LIMITS[j],
+                "budget {j} over-admitted"
+            );
         } else {
             // The window counts each settled request once at its actual (a duplicate settle
             // corrects nothing more) and each new grant at its amount.
             let counted = used[j] + reserved2[j];
-            assert_eq!(state[j].0, counted, "window {j}: phase 2 grants {reserved2:?}");
+            assert_eq!(
+                state[j].0, counted,
+                "window {j}: phase 2 grants {reserved2:?}"
+            );
             assert!(counted <= MULTI_LIMITS[j], "window {j} over-admitted");
         }
     }
