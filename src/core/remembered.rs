@@ -8,8 +8,9 @@
 //! (`hashbrown::HashTable<u32>`, SipHash keyed per process: client ids cannot be chosen to
 //! collide). Each id is stored once.
 //!
-//! Memory: 56 bytes per id in the queue (the [`Id`], inline up to 24 bytes, and its entry) and
-//! 5 in the table, both grown by doubling; see [`Remembered::heap_bytes`]. An empty set owns
+//! Memory: 56 bytes per id in the queue (the [`Id`], inline up to 24 bytes, and its entry),
+//! grown by an eighth at a time, and 5 bytes per slot of the table (at most 7/8 full, grown by
+//! doubling): about 60 to 75 bytes per id; see [`Remembered::heap_bytes`]. An empty set owns
 //! no heap.
 
 use std::collections::VecDeque;
@@ -156,6 +157,11 @@ impl Remembered {
             let Ok(stored) = u32::try_from(self.slots.len()) else {
                 return;
             };
+            if self.slots.len() == self.slots.capacity() {
+                // Grow by an eighth, not by doubling: a full queue wastes at most 1/8 (ids are
+                // the memory of a busy window key). Amortised: 8 moves per id.
+                self.slots.reserve_exact((self.slots.len() / 8).max(4));
+            }
             self.slots.push_back(Slot {
                 id: Id::from_slice(id),
                 entry,
@@ -221,8 +227,15 @@ impl Remembered {
         if self.slots.is_empty() {
             // Give the memory back once nothing is held.
             *self = Remembered::default();
-        } else if self.slots.capacity() > self.slots.len().saturating_mul(4).max(16) {
-            self.slots.shrink_to(self.slots.len().saturating_mul(2));
+        } else if self.slots.capacity()
+            > self
+                .slots
+                .len()
+                .saturating_add(self.slots.len() / 2)
+                .saturating_add(16)
+        {
+            self.slots
+                .shrink_to(self.slots.len().saturating_add(self.slots.len() / 8));
             self.table.shrink_to(self.slots.len(), |&s| {
                 let p = s.wrapping_sub(self.shift) as usize;
                 self.slots.get(p).map_or(0, |slot| hash(&slot.id))
@@ -263,30 +276,41 @@ impl Remembered {
             .fold(0i128, |t, s| t.saturating_add(i128::from(s.entry.counted)))
     }
 
-    /// Heap bytes: the queue's and the table's capacity (a table slot is 4 bytes and a control
-    /// byte), plus ids longer than 24 bytes.
-    pub fn heap_bytes(&self) -> usize {
+    /// The heap allocations, in bytes: the queue (by capacity), the table (4 bytes and a
+    /// control byte per bucket, plus a group of control bytes), and the total of the ids
+    /// longer than 24 bytes (one allocation each).
+    pub fn allocations(&self) -> (usize, usize, usize) {
         let queue = self
             .slots
             .capacity()
             .saturating_mul(std::mem::size_of::<Slot>());
-        let buckets = if self.table.capacity() == 0 {
+        let table = if self.table.capacity() == 0 {
             0
         } else {
-            // hashbrown keeps capacity at 7/8 of a power-of-two bucket count.
-            self.table
+            // hashbrown keeps its capacity at 7/8 of a power-of-two bucket count (all of it
+            // below 8 buckets).
+            let buckets = self
+                .table
                 .capacity()
                 .saturating_mul(8)
                 .div_ceil(7)
-                .next_power_of_two()
+                .next_power_of_two();
+            buckets
+                .saturating_mul(std::mem::size_of::<u32>().saturating_add(1))
+                .saturating_add(16)
         };
-        let table = buckets.saturating_mul(std::mem::size_of::<u32>().saturating_add(1));
         let spilled: usize = self
             .slots
             .iter()
             .filter(|s| s.id.spilled())
             .map(|s| s.id.len())
             .fold(0usize, usize::saturating_add);
+        (queue, table, spilled)
+    }
+
+    /// Heap bytes (the sum of [`Remembered::allocations`]).
+    pub fn heap_bytes(&self) -> usize {
+        let (queue, table, spilled) = self.allocations();
         queue.saturating_add(table).saturating_add(spilled)
     }
 }

@@ -1060,12 +1060,12 @@ impl Window {
         &mut self.extras_mut().ids
     }
 
-    /// Heap bytes of the boxed configuration and ids (an estimate for the ids, see
-    /// [`Remembered::heap_bytes`]), for MEMORY USAGE: the box's size, the ids' nodes.
-    pub fn extras_allocations(&self) -> (usize, usize) {
+    /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
+    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
         match &self.extras {
-            Some(e) => (std::mem::size_of::<Extras>(), e.ids.heap_bytes()),
-            None => (0, 0),
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            None => (0, (0, 0, 0)),
         }
     }
 
