@@ -10,8 +10,8 @@
 //!
 //! Memory: 56 bytes per id in the queue (the [`Id`], inline up to 24 bytes, and its entry),
 //! grown by an eighth at a time, and 5 bytes per slot of the table (at most 7/8 full, grown by
-//! doubling): about 60 to 75 bytes per id; see [`Remembered::heap_bytes`]. An empty set owns
-//! no heap.
+//! doubling): 60 to 90 bytes per id with allocator rounding; see [`Remembered::allocations`].
+//! An empty set owns no heap.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
