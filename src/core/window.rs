@@ -215,15 +215,25 @@ pub struct Window {
     last_ms: i64,
     /// Non-empty buckets, strictly increasing index.
     buckets: Buckets,
-    /// Stored configuration (`QUOTA.SET key WINDOW ...`); `None` for a key made by
-    /// `QUOTA.WINDOW` calls alone. Persisted from encoding 2 on (not in the v1 field order).
+    /// The stored configuration and remembered ids, boxed so that a key made by
+    /// `QUOTA.WINDOW` calls alone pays 8 bytes for them. Persisted from encoding 2 on (not in
+    /// the v1 field order).
     #[serde(skip)]
+    extras: Option<Box<Extras>>,
+}
+
+/// What a configured window key holds besides its buckets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Extras {
+    /// Stored configuration (`QUOTA.SET key WINDOW ...`).
     config: Option<WindowConfig>,
     /// Reservation ids of multi-key reservations (`QUOTA.MRESERVE`), kept while their bucket
-    /// is inside the window. Persisted from encoding 2 on.
-    #[serde(skip)]
+    /// is inside the window.
     ids: Remembered,
 }
+
+/// The ids of a window without extras.
+static NO_IDS: Remembered = Remembered::EMPTY;
 
 /// A window key's stored configuration (`QUOTA.SET key WINDOW limit window_ms [PRECISION ms]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -880,8 +890,7 @@ impl Window {
             horizon_ms: params.window_ms,
             last_ms: now_ms,
             buckets: Buckets::default(),
-            config: None,
-            ids: Remembered::default(),
+            extras: None,
         }
     }
 
@@ -978,10 +987,10 @@ impl Window {
         }
         // Keep the heap proportional to what is held after a shrink or conversion.
         self.buckets.trim();
-        if !same_precision && !self.ids.is_empty() {
+        if !same_precision && !self.remembered().is_empty() {
             // The ids follow their buckets to the new precision (the rule of `rebucketed`).
             let p = params.precision_ms;
-            self.ids.remap(|index| {
+            self.ids_mut().remap(|index| {
                 let at = bucket_last(index, old_precision).min(old_last);
                 bucket_of(at, p).unwrap_or(index)
             });
@@ -992,12 +1001,11 @@ impl Window {
         self.last_ms = now;
         self.forget_stale(now);
         if let Some(id) = id {
-            self.ids.put(
+            self.ids_mut().put(
                 id,
                 Entry {
                     index: counted_at,
                     counted: params.cost,
-                    amount: params.cost,
                     status: IdStatus::Pending,
                 },
             );
@@ -1036,12 +1044,29 @@ impl Window {
 
     /// The stored configuration, if any (`QUOTA.SET key WINDOW ...`).
     pub fn config(&self) -> Option<&WindowConfig> {
-        self.config.as_ref()
+        self.extras.as_ref().and_then(|e| e.config.as_ref())
     }
 
     /// The remembered ids of multi-key reservations.
     pub fn remembered(&self) -> &Remembered {
-        &self.ids
+        self.extras.as_ref().map_or(&NO_IDS, |e| &e.ids)
+    }
+
+    fn extras_mut(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    fn ids_mut(&mut self) -> &mut Remembered {
+        &mut self.extras_mut().ids
+    }
+
+    /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
+    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
+        match &self.extras {
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            None => (0, (0, 0, 0)),
+        }
     }
 
     /// The first bucket index still inside the window at `now` (unix ms): bucket `i` counts
@@ -1055,10 +1080,9 @@ impl Window {
 
     /// Physically forgets the ids whose bucket left the window at `now`; returns how many.
     fn forget_stale(&mut self, now: i64) -> usize {
-        match self.ids.oldest_index() {
-            Some(oldest) if oldest < self.first_live_index(now) => {
-                self.ids.forget_before(self.first_live_index(now))
-            }
+        let first = self.first_live_index(now);
+        match self.remembered().oldest_index() {
+            Some(oldest) if oldest < first => self.ids_mut().forget_before(first),
             _ => 0,
         }
     }
@@ -1067,7 +1091,7 @@ impl Window {
     /// window (whether or not it was physically forgotten yet).
     pub fn id_entry(&self, id: &[u8], now_ms: i64) -> Option<Entry> {
         let now = self.effective_now(now_ms);
-        self.ids
+        self.remembered()
             .get(id)
             .filter(|e| e.index >= self.first_live_index(now))
             .copied()
@@ -1076,7 +1100,7 @@ impl Window {
     /// Unix ms at which the oldest remembered id's bucket leaves the window (the sweeper's
     /// due time); `None` without ids.
     pub fn ids_due_ms(&self) -> Option<i64> {
-        self.ids.oldest_index().map(|index| {
+        self.remembered().oldest_index().map(|index| {
             clamp_i64(
                 bucket_last(index, self.precision_ms).saturating_add(i128::from(self.window_ms)),
             )
@@ -1086,7 +1110,10 @@ impl Window {
     /// How many ids a [`WindowEffect::Forget`] at `now_ms` would forget (0: nothing to sweep).
     pub fn stale_ids(&self, now_ms: i64) -> usize {
         let first = self.first_live_index(self.effective_now(now_ms));
-        self.ids.iter().filter(|(_, e)| e.index < first).count()
+        self.remembered()
+            .iter()
+            .filter(|(_, e)| e.index < first)
+            .count()
     }
 
     /// What the window counts now under `params`' window and precision, `>= 0`.
@@ -1114,9 +1141,9 @@ impl Window {
         cost: i64,
         max_ids: i64,
     ) -> Result<IdPlan, LedgerError> {
-        let cfg = self.config.ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
+        let cfg = *self.config().ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
         match self.id_entry(id, now_ms) {
-            Some(e) if e.status == IdStatus::Pending && e.amount == cost => {
+            Some(e) if e.status == IdStatus::Pending && e.counted == cost => {
                 return Ok(IdPlan::Retried)
             }
             Some(e) if e.status == IdStatus::Pending => {
@@ -1141,7 +1168,7 @@ impl Window {
         if !d.allowed {
             return Ok(IdPlan::Denied(d));
         }
-        let held = i64::try_from(self.ids.len()).unwrap_or(i64::MAX);
+        let held = i64::try_from(self.remembered().len()).unwrap_or(i64::MAX);
         if held >= max_ids {
             return Err(LedgerError::TooManyPending { max: max_ids });
         }
@@ -1253,7 +1280,7 @@ impl Window {
             WindowEffect::Configure(cfg) => {
                 let params = cfg.params(0);
                 self.record_inner(&params, at_ms, None, None)?;
-                self.config = Some(*cfg);
+                self.extras_mut().config = Some(*cfg);
             }
             WindowEffect::Count {
                 window_ms,
@@ -1290,7 +1317,7 @@ impl Window {
         }
         let delta = to.checked_sub(e.counted).ok_or(WindowError::Overflow)?;
         self.buckets.adjust(e.index, delta)?;
-        self.ids.put(
+        self.ids_mut().put(
             id,
             Entry {
                 counted: to,
@@ -1309,8 +1336,8 @@ impl Window {
     /// Attaches a decoded configuration and ids (encoding 2) to a decoded window; the caller
     /// validates the result.
     pub fn with_extras(mut self, config: Option<WindowConfig>, ids: Remembered) -> Self {
-        self.config = config;
-        self.ids = ids;
+        self.extras =
+            (config.is_some() || !ids.is_empty()).then(|| Box::new(Extras { config, ids }));
         self
     }
 
@@ -1426,11 +1453,11 @@ impl Window {
     /// still inside the window at `last_ms` and not after it, counting `>= 0` (its amount while
     /// pending, 0 once rolled back), and the ids of a bucket counting no more than it holds.
     fn validate_extras(&self) -> Result<(), WindowError> {
-        if let Some(c) = self.config {
+        if let Some(c) = self.config() {
             WindowConfig::parse(c.limit, c.window_ms, Some(c.precision_ms))
                 .map_err(|_| WindowError::Corrupt("configuration"))?;
         }
-        if self.ids.is_empty() {
+        if self.remembered().is_empty() {
             return Ok(());
         }
         let (first, newest) = (
@@ -1439,20 +1466,23 @@ impl Window {
                 .map_err(|_| WindowError::Corrupt("last_ms"))?,
         );
         let mut checked: Option<i64> = None;
-        for (id, e) in self.ids.iter() {
+        for (id, e) in self.remembered().iter() {
             if id.is_empty() || e.index < first || e.index > newest {
                 return Err(WindowError::Corrupt("remembered id outside the window"));
             }
+            if checked.is_some_and(|c| c > e.index) {
+                return Err(WindowError::Corrupt("remembered ids out of order"));
+            }
             let ok = match e.status {
-                IdStatus::Pending => e.counted == e.amount && e.amount >= 0,
-                IdStatus::Settled => e.counted >= 0 && e.amount >= 0,
-                IdStatus::RolledBack => e.counted == 0 && e.amount >= 0,
+                IdStatus::Pending | IdStatus::Settled => e.counted >= 0,
+                IdStatus::RolledBack => e.counted == 0,
             };
             if !ok {
                 return Err(WindowError::Corrupt("remembered id amount"));
             }
             if checked != Some(e.index)
-                && self.ids.counted_in(e.index) > i128::from(self.buckets.count_of(e.index))
+                && self.remembered().counted_in(e.index)
+                    > i128::from(self.buckets.count_of(e.index))
             {
                 return Err(WindowError::Corrupt(
                     "remembered ids count past their bucket",
@@ -2081,8 +2111,7 @@ mod tests {
             horizon_ms: 100,
             last_ms: 1000,
             buckets: held(&[(95, 1), (100, 2)]),
-            config: None,
-            ids: Remembered::default(),
+            extras: None,
         };
         good.validate().unwrap();
         let with = |f: &dyn Fn(&mut Window)| {
@@ -2271,8 +2300,7 @@ mod tests {
             horizon_ms: 100,
             last_ms: 1_000_000,
             buckets: held(&[(999_950, 1), (1_000_000, 2)]),
-            config: None,
-            ids: Remembered::default(),
+            extras: None,
         };
         plain.validate().unwrap();
         let mut lagging = plain.clone();
@@ -2614,8 +2642,7 @@ mod tests {
                 horizon_ms,
                 last_ms,
                 buckets: held,
-                config: None,
-                ids: Remembered::default(),
+                extras: None,
             };
             let _ = w.validate();
             let _ = w.empty_at_ms();
@@ -2628,5 +2655,152 @@ mod tests {
                 let _ = w.validate();
             }
         }
+    }
+
+    fn configured(limit: i64, window_ms: i64, precision_ms: i64, now: i64) -> Window {
+        let cfg = WindowConfig::parse(limit, window_ms, Some(precision_ms)).unwrap();
+        let mut w = Window::new(&cfg.params(0), now);
+        w.apply(now, &WindowEffect::Configure(cfg)).unwrap();
+        w
+    }
+
+    fn count_id(w: &mut Window, now: i64, id: &[u8], cost: i64) {
+        let cfg = *w.config().unwrap();
+        let plan = w.plan_id_reserve(now, id, cost, i64::MAX).unwrap();
+        assert!(matches!(plan, IdPlan::Grant(_)), "{plan:?}");
+        w.apply(
+            now,
+            &WindowEffect::Count {
+                window_ms: cfg.window_ms,
+                precision_ms: cfg.precision_ms,
+                cost,
+                id: Some(id.into()),
+            },
+        )
+        .unwrap();
+    }
+
+    /// Ids follow their buckets through a precision change (the rule of `rebucketed`), so a
+    /// later correction lands in the bucket that holds the amount; counts stay consistent.
+    #[test]
+    fn ids_follow_their_buckets_through_a_precision_change() {
+        let mut w = configured(1000, 60_000, 1000, 10_000);
+        count_id(&mut w, 10_100, b"a", 300);
+        count_id(&mut w, 11_500, b"b", 200);
+        count_id(&mut w, 11_700, b"c", 50);
+        assert_eq!(w.remembered().get(b"b").unwrap().index, 11);
+        // Precision 10 s: buckets 10 and 11 (ms up to 11 999, clamped to last_ms 11 700) both
+        // move into bucket 1.
+        let coarse = WindowConfig::parse(1000, 60_000, Some(10_000)).unwrap();
+        w.apply(12_000, &WindowEffect::Configure(coarse)).unwrap();
+        w.validate().unwrap();
+        assert!(w.remembered().iter().all(|(_, e)| e.index == 1));
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 550);
+        // b settles with 20: 180 given back, in bucket 1.
+        assert_eq!(
+            w.plan_id_settle(12_000, b"b", 20).unwrap(),
+            IdPlan::Corrected { delta: -180 }
+        );
+        w.apply(
+            12_000,
+            &WindowEffect::Settle {
+                id: b"b"[..].into(),
+                actual: 20,
+            },
+        )
+        .unwrap();
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 370);
+        // a and c rolled back: the bucket empties and is removed; a settle of a is a conflict.
+        for id in [&b"a"[..], b"c"] {
+            w.apply(12_000, &WindowEffect::Rollback { id: id.into() })
+                .unwrap();
+        }
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 20);
+        assert!(matches!(
+            w.plan_id_settle(12_000, b"a", 1),
+            Err(LedgerError::Conflict { .. })
+        ));
+        assert_eq!(w.plan_id_rollback(12_000, b"a").unwrap(), IdPlan::Duplicate);
+        w.validate().unwrap();
+        // A correction up into an emptied bucket inserts it again (counted 0 -> 5).
+        let mut v = configured(100, 1000, 10, 0);
+        count_id(&mut v, 5, b"z", 0);
+        assert_eq!(v.bucket_count(), 0);
+        v.apply(
+            6,
+            &WindowEffect::Settle {
+                id: b"z"[..].into(),
+                actual: 5,
+            },
+        )
+        .unwrap();
+        assert_eq!(v.bucket_count(), 1);
+        assert_eq!(v.counted(&v.config().unwrap().params(0), 6).unwrap(), 5);
+        v.validate().unwrap();
+        // Once the bucket has left the window the id is gone: skipped, and a record forgets it.
+        assert!(matches!(
+            v.plan_id_settle(1008, b"z", 9),
+            Err(LedgerError::Conflict { .. })
+        ));
+        assert_eq!(v.stale_ids(1008), 0);
+        assert_eq!(v.plan_id_settle(1009, b"z", 9).unwrap(), IdPlan::Skipped);
+        assert_eq!(v.stale_ids(1009), 1);
+        assert_eq!(v.ids_due_ms(), Some(1009));
+        v.apply(1009, &WindowEffect::Forget).unwrap();
+        assert!(v.remembered().is_empty());
+    }
+
+    /// A loaded value whose ids break an invariant is refused.
+    #[test]
+    fn corrupt_ids_are_refused() {
+        let mut w = configured(100, 1000, 10, 0);
+        count_id(&mut w, 5, b"a", 3);
+        w.validate().unwrap();
+        let with = |entry: Entry| {
+            let mut ids = Remembered::default();
+            ids.put(b"a", entry);
+            w.clone().with_extras(w.config().copied(), ids)
+        };
+        let ok = Entry {
+            index: 0,
+            counted: 3,
+            status: IdStatus::Pending,
+        };
+        with(ok).validate().unwrap();
+        for bad in [
+            Entry { counted: 4, ..ok },
+            Entry { index: 1, ..ok },
+            Entry { index: -200, ..ok },
+            Entry { counted: -1, ..ok },
+            Entry {
+                status: IdStatus::RolledBack,
+                ..ok
+            },
+        ] {
+            assert!(with(bad).validate().is_err(), "{bad:?}");
+        }
+        // A record refused by an overflow is refused at planning, before anything changes.
+        let mut big = configured(i64::MAX, 1000, 10, 0);
+        count_id(&mut big, 5, b"x", i64::MAX - 1);
+        assert_eq!(
+            big.plan_id_settle(6, b"x", i64::MAX).unwrap(),
+            IdPlan::Corrected { delta: 1 }
+        );
+        let mut other = big.clone();
+        other
+            .apply(
+                6,
+                &WindowEffect::Count {
+                    window_ms: 1000,
+                    precision_ms: 10,
+                    cost: 1,
+                    id: None,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            other.plan_id_settle(6, b"x", i64::MAX),
+            Err(LedgerError::Overflow)
+        );
     }
 }
