@@ -381,13 +381,14 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
                     c.query::<Value>(&mut con)?;
                 }
             }
-            let (budgets, windows): (Vec<(usize, Vec<u8>)>, Vec<(usize, Vec<u8>)>) = keys
+            let budgets: Vec<Vec<u8>> = tenants
                 .iter()
-                .cloned()
-                .enumerate()
-                .partition(|(i, _)| i % MULTI_KEYS < MULTI_BUDGETS);
-            let budgets: Vec<Vec<u8>> = budgets.into_iter().map(|(_, k)| k).collect();
-            let windows: Vec<Vec<u8>> = windows.into_iter().map(|(_, k)| k).collect();
+                .flat_map(|t| t.module[..MULTI_BUDGETS].to_vec())
+                .collect();
+            let windows: Vec<Vec<u8>> = tenants
+                .iter()
+                .flat_map(|t| t.module[MULTI_BUDGETS..].to_vec())
+                .collect();
             let split0 = (
                 multi_usage(&mut con, &budgets)?,
                 multi_usage(&mut con, &windows)?,
