@@ -10,4 +10,5 @@ pub mod htree;
 pub mod id;
 pub mod ledger;
 pub mod period;
+pub mod remembered;
 pub mod window;
