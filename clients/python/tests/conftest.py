@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -44,9 +43,3 @@ def own_server(module_path: Path) -> Iterator[RedisServer]:
     s = RedisServer(module_path).start()
     yield s
     s.close()
-
-
-def has_command(r: redis.Redis, name: str) -> bool:
-    """Whether the loaded module has ``name`` (the multi-key commands came later)."""
-    send: Any = r.execute_command
-    return bool(send("COMMAND", "INFO", name)[0])

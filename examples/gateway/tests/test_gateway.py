@@ -12,14 +12,13 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from gateway_harness import TEST_SETTINGS, RunningGateway, wait_until
 from redis_quota import Quota
 from redis_quota.testing import RedisServer
 
 from quota_gateway.config import Tenants
 from quota_gateway.model import count_tokens
 from quota_gateway.provision import provision
-
-from .conftest import TEST_SETTINGS, RunningGateway, wait_until
 
 MAX_TOKENS = 64  # TEST_SETTINGS.default_max_tokens
 
@@ -185,18 +184,20 @@ def test_429_rpm_consumes_nothing(http: httpx.Client, r: redis.Redis) -> None:
     before = used(r, "rpm")
     resp = http.post("/v1/chat/completions", json=body(3), headers=auth("rpm"))
     retry = assert_429(resp, "rpm", 2)
-    assert retry <= 60 and resp.headers["X-RateLimit-Remaining"] == "0"
+    # 1 s buckets: at most the window plus one bucket
+    assert retry <= 61 and resp.headers["X-RateLimit-Remaining"] == "0"
     assert resp.json()["error"]["code"] == "rate_limit_exceeded"
     assert used(r, "rpm") == before and reserved(r, "rpm") == 0  # all or nothing
 
 
 def test_429_tpm_and_413_when_it_can_never_fit(http: httpx.Client, r: redis.Redis) -> None:
-    ok = http.post("/v1/chat/completions", json=body(500, 500), headers=auth("tpm"))
+    ok = http.post("/v1/chat/completions", json=body(200, 200), headers=auth("tpm"))
     assert ok.status_code == 200
     settled(r, "tpm")
-    assert used(r, "tpm")["tpm"] == prompt_tokens(500) + 500
+    assert used(r, "tpm")["tpm"] == prompt_tokens(200) + 200
     before = used(r, "tpm")
-    resp = http.post("/v1/chat/completions", json=body(500, 500), headers=auth("tpm"))
+    # 13 + ceil(700 * 1.2) = 853 tokens do not fit in the 787 left this minute
+    resp = http.post("/v1/chat/completions", json=body(1, 700), headers=auth("tpm"))
     assert_429(resp, "tpm", 1000)
     assert used(r, "tpm") == before
     huge = http.post("/v1/chat/completions", json=body(1, 1000), headers=auth("tpm"))
@@ -207,11 +208,13 @@ def test_429_tpm_and_413_when_it_can_never_fit(http: httpx.Client, r: redis.Redi
 @pytest.mark.parametrize("scope", ["key", "team", "org"])
 def test_429_budgets(http: httpx.Client, r: redis.Redis, scope: str) -> None:
     tenant = {"key": "keyb", "team": "teamb", "org": "orgb"}[scope]
-    ok = http.post("/v1/chat/completions", json=body(700, 700), headers=auth(tenant))
+    ok = http.post("/v1/chat/completions", json=body(150, 150), headers=auth(tenant))
     assert ok.status_code == 200
     settled(r, tenant)
     before = used(r, tenant)
-    resp = http.post("/v1/chat/completions", json=body(700, 700), headers=auth(tenant))
+    assert before[scope] == prompt_tokens(150) + 150
+    # 13 + ceil(700 * 1.2) = 853 tokens do not fit in the 837 left, but would in a new period
+    resp = http.post("/v1/chat/completions", json=body(1, 700), headers=auth(tenant))
     retry = assert_429(resp, scope, 1000)
     # the budget's period ends at the next midnight (key: DAY) or 1st of the month (UTC)
     horizon = 86_400 if scope == "key" else 31 * 86_400

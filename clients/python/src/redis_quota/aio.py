@@ -353,19 +353,13 @@ class AsyncHeartbeat:
                 log.debug("redis-quota: heartbeat failed: %r", err)
 
     async def stop(self) -> None:
-        """Stops beating (cancels a beat in progress). Idempotent."""
+        """Stops beating (cancels a beat in progress) and waits for the task to end.
+        Idempotent. Safe in a ``finally`` of a cancelled task (under a shield)."""
         task, self._task = self._task, None
         if task is None or task.done():
             return
         task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
-            cur = asyncio.current_task()
-            if cur is not None and cur.cancelling():
-                raise
+        await asyncio.wait([task])  # never raises the task's CancelledError into the caller
 
     async def __aenter__(self) -> AsyncHeartbeat:
         return self
