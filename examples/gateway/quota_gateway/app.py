@@ -286,12 +286,10 @@ class Gateway:
             retry_ms = self.settings.busy_retry_after_s * 1000  # a slot frees when one finishes
         if retry_ms >= 0:
             h["Retry-After"] = h["X-RateLimit-Reset"] = str(ceil_s(retry_ms))
-            kind = (
-                "rate_limit_exceeded"
-                if scope in ("rpm", "tpm", "concurrency")
-                else "budget_exceeded"
-            )
-            return error(429, f"Rate limit reached ({scope}). Retry later.", "requests", kind, **h)
+            rate = scope in ("rpm", "tpm", "concurrency")
+            code = "rate_limit_exceeded" if rate else "budget_exceeded"
+            type_ = "requests" if scope in ("rpm", "concurrency") else "tokens"
+            return error(429, f"Rate limit reached ({scope}). Retry later.", type_, code, **h)
         # a budget without a period that cannot fit: no time to wait for
         return error(
             429, f"Quota exhausted ({scope}).", "insufficient_quota", "insufficient_quota", **h
