@@ -9,6 +9,8 @@ import threading
 import pytest
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from redis_quota import (
     AsyncQuota,
@@ -166,3 +168,24 @@ def test_stats_are_thread_safe() -> None:
         t.join()
     snap = q.stats.snapshot()
     assert snap["failures"] == 200 and snap["degraded_grants"] == 200
+
+
+def test_sync_slow_redis_times_out_into_degrade_mode(own_server: RedisServer) -> None:
+    """The sync client's bound is redis-py's socket_timeout (no retries here: each would wait
+    as long again)."""
+    sync = redis.Redis(port=own_server.port)
+    q = Quota(
+        redis.Redis(port=own_server.port, socket_timeout=0.1, retry=Retry(NoBackoff(), 0)),
+        policy=FailurePolicy.open(LocalLimiter({"b": 5})),
+    )
+    q.set_budget("b", limit=1000)
+    sync.client_pause(1000, all=True)
+    try:
+        res = q.reserve("b", 5)
+        assert res.granted and res.degraded
+        assert isinstance(q.stats.snapshot()["last_error"], str)
+        assert "TimeoutError" in str(q.stats.snapshot()["last_error"])
+    finally:
+        sync.client_unpause()
+    assert not q.reserve("b", 1).degraded
+    sync.close()
