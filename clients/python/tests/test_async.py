@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio
 
 from redis_quota import (
+    AsyncHeartbeat,
     AsyncQuota,
     BudgetInfo,
     NoQuotaError,
@@ -128,5 +129,27 @@ def test_async_heartbeat(server: RedisServer) -> None:
 
         await _until(gone)
         await q.redis.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_heartbeat_stops_when_a_beat_swallows_the_cancel() -> None:
+    """On Python 3.11 a cancel that meets an expiring asyncio.timeout() inside a beat can come
+    out as TimeoutError; stop() must still end the heartbeat (no server needed)."""
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def beat() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                raise TimeoutError from None  # what asyncio.timeout() may turn it into
+
+        hb = AsyncHeartbeat(beat, 0.01).start()
+        await started.wait()
+        await asyncio.wait_for(hb.stop(), timeout=10)
+        assert hb.failures == 1
 
     asyncio.run(main())

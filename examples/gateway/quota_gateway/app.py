@@ -109,11 +109,14 @@ class Completion:
         )
 
     async def tokens(self) -> AsyncIterator[str]:
+        """The model's tokens. The caller counts ``completion_tokens`` once a token is
+        delivered, so a disconnect settles what the client was sent."""
         s = self.gw.settings
+        n = 0
         async for tok in model.generate(self.prompt, self.max_tokens, s.first_token_ms, s.token_ms):
-            self.completion_tokens += 1
+            n += 1
             yield tok
-        if self.completion_tokens >= self.max_tokens:
+        if n >= self.max_tokens:
             self.finish_reason = "length"
 
     def usage(self) -> dict[str, int]:
@@ -312,6 +315,8 @@ class Gateway:
             yield self.chunk(c, {"role": "assistant", "content": ""}, None)
             async for tok in c.tokens():
                 yield self.chunk(c, {"content": tok}, None)
+                # resumed: Starlette sent the chunk and asks for the next one
+                c.completion_tokens += 1
             yield self.chunk(c, {}, c.finish_reason)
             last = {
                 "id": c.rid,
@@ -334,7 +339,11 @@ class Gateway:
         c.start_heartbeat()
         outcome = "disconnected"
         try:
-            text = "".join([tok async for tok in c.tokens()])
+            parts = []
+            async for tok in c.tokens():
+                parts.append(tok)
+                c.completion_tokens += 1
+            text = "".join(parts)
             outcome = "completed"
         except Exception:
             outcome = "error"

@@ -328,6 +328,7 @@ class AsyncHeartbeat:
         self._beat = beat
         self._every_s = every_s
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.beats = 0
         self.failures = 0
         self.last_error: BaseException | None = None
@@ -338,8 +339,12 @@ class AsyncHeartbeat:
         return self
 
     async def _loop(self) -> None:
-        while True:
+        # The flag, not only the cancellation, ends the loop: on Python 3.11 a cancel that
+        # meets an expiring asyncio.timeout() inside a beat can surface as a TimeoutError.
+        while not self._stopping:
             await asyncio.sleep(self._every_s)
+            if self._stopping:
+                return
             try:
                 await self._beat()
                 self.beats += 1
@@ -355,11 +360,12 @@ class AsyncHeartbeat:
     async def stop(self) -> None:
         """Stops beating (cancels a beat in progress) and waits for the task to end.
         Idempotent. Safe in a ``finally`` of a cancelled task (under a shield)."""
+        self._stopping = True
         task, self._task = self._task, None
-        if task is None or task.done():
-            return
-        task.cancel()
-        await asyncio.wait([task])  # never raises the task's CancelledError into the caller
+        while task is not None and not task.done():
+            task.cancel()
+            # never raises the task's CancelledError into the caller
+            await asyncio.wait([task], timeout=1.0)
 
     async def __aenter__(self) -> AsyncHeartbeat:
         return self
