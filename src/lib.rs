@@ -263,7 +263,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
     // Server-event subscriptions go with the module if the load fails; keyspace ones do not,
     // so they come last.
-    if !shell::sweeper::subscribe_db_events(ctx) {
+    if !shell::sweep_index::subscribe_db_events(ctx) {
         ctx.log_warning("quota: not loaded: could not subscribe to FLUSHDB/SWAPDB events");
         return Status::Err;
     }

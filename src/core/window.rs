@@ -1145,12 +1145,35 @@ impl Window {
         if held >= max_ids {
             return Err(LedgerError::TooManyPending { max: max_ids });
         }
-        // The total must stay within i64 (a record would refuse it).
-        let total = self.buckets.total.saturating_add(i128::from(cost));
-        if total > i128::from(i64::MAX) {
-            return Err(LedgerError::Overflow);
-        }
+        // The record must not refuse it (what it keeps, plus the cost, within i64).
+        self.record_fits(&cfg.params(cost), now_ms)
+            .map_err(|_| LedgerError::Overflow)?;
         Ok(IdPlan::Grant(d))
+    }
+
+    /// Whether [`Window::record`] with `params` at `now_ms` would succeed: the checks it makes
+    /// before changing anything, without changing anything.
+    ///
+    /// # Errors
+    ///
+    /// As [`Window::record`].
+    pub fn record_fits(&self, params: &WindowParams, now_ms: i64) -> Result<(), WindowError> {
+        params.validate()?;
+        let now = self.effective_now(now_ms);
+        let horizon_ms = self.next_horizon(params);
+        let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
+        match self.rebucketed(params.precision_ms)? {
+            Some(converted) => plan(Held::converted(&converted), p, h, now, c).map(|_| ()),
+            None => {
+                let held = Held {
+                    buckets: self.buckets.iter(),
+                    len: self.buckets.len(),
+                    total: self.buckets.total,
+                    newest: self.buckets.newest(),
+                };
+                plan(held, p, h, now, c).map(|_| ())
+            }
+        }
     }
 
     /// Plans the settle of `id` with `actual` at `now_ms`: [`IdPlan::Corrected`],

@@ -20,6 +20,7 @@ pub mod persist;
 pub mod replicate;
 pub mod reply;
 pub mod stats;
+pub mod sweep_index;
 pub mod sweeper;
 pub mod type_methods;
 pub mod window_apply;

@@ -1,25 +1,23 @@
 //! Multi-limit admission (issue 19): `QUOTA.MRESERVE`, `QUOTA.MSETTLE`, `QUOTA.MROLLBACK`,
 //! `QUOTA.MEXTEND` over up to [`MAX_KEYS`] keys, each a budget or a configured window key.
-//! See docs/commands.md for each reply.
+//! See docs/commands.md for each reply; the decisions are [`crate::core::multi`]'s.
 //!
-//! Every command opens all its keys once, writable, and plans on each key with the single-key
-//! rules (`Budget::plan_*`, `Window::plan_id_*`) before changing anything. An error or a denial
-//! on any key changes nothing anywhere: every key is declared unchanged, so nothing is written,
-//! signalled, published or replicated. Otherwise each key's effects are applied in key order
-//! and replicated as that key's `QUOTA.APPLY` (budgets) or `QUOTA.WAPPLY` (windows), which Redis
-//! wraps in one MULTI/EXEC: replicas and the AOF apply them together, with the master's time
-//! and id.
+//! Every command opens all its keys once, writable, and plans on all of them before changing
+//! anything. An error or a denial on any key changes nothing anywhere: every key is declared
+//! unchanged, so nothing is written, signalled, published or replicated. Otherwise each key's
+//! effects are applied in key order and replicated as that key's `QUOTA.APPLY` (budgets) or
+//! `QUOTA.WAPPLY` (windows), which Redis wraps in one MULTI/EXEC: replicas and the AOF apply
+//! them together, with the master's time and id.
 //!
-//! A key that was deleted between reserve and settle is an error (`NOQUOTA`, nothing changes:
-//! settle the other keys with a shorter list); a budget replaced by a new one does not know the
-//! id (`NORESERVATION`); a window key replaced by a new one does not remember it (`skipped`).
+//! A key deleted between reserve and settle is an error (`NOQUOTA`; nothing changes: settle the
+//! other keys with a shorter list); a budget replaced by a new one does not know the id
+//! (`NORESERVATION`); a window key replaced by a new one does not remember it (`skipped`).
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::core::book::Id;
-use crate::core::id::StreamId;
-use crate::core::ledger::{Budget, Effects, ReserveReply, RollbackStatus, SettleStatus};
-use crate::core::window::{IdPlan, Window, WindowEffect, WindowParams};
+use crate::core::ledger::Budget;
+use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
+use crate::core::window::Window;
 use crate::shell::apply::apply_and_propagate;
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
@@ -46,12 +44,6 @@ struct Opened<'a> {
     name: &'a RedisString,
     key: ModuleKey<'a>,
     kind: Kind,
-}
-
-/// The effects planned for one key.
-enum Planned {
-    Budget { now: i64, effects: Effects },
-    Window { effects: Vec<WindowEffect> },
 }
 
 /// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice.
@@ -137,31 +129,38 @@ fn unchanged_all(opened: &mut [Opened]) {
     }
 }
 
-fn budget_of<'k>(o: &'k Opened) -> Result<&'k Budget, RedisError> {
-    o.key.value::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)
+/// The stored values of the keys, for planning.
+fn limits<'k>(opened: &'k [Opened]) -> Result<Vec<Limit<'k>>, RedisError> {
+    opened
+        .iter()
+        .map(|o| match o.kind {
+            Kind::Budget => Ok(Limit::Budget(
+                o.key.value::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)?,
+            )),
+            Kind::Window => Ok(Limit::Window(
+                o.key
+                    .value::<Window>(&WINDOW_TYPE)?
+                    .ok_or_else(no_window_config)?,
+            )),
+        })
+        .collect()
 }
 
-fn window_of<'k>(o: &'k Opened) -> Result<&'k Window, RedisError> {
-    o.key
-        .value::<Window>(&WINDOW_TYPE)?
-        .ok_or_else(no_window_config)
+/// Each key's value now (a budget's available, a window's remaining).
+fn values_now(opened: &[Opened], wall: i64) -> Result<Vec<i64>, RedisError> {
+    Ok(limits(opened)?
+        .into_iter()
+        .map(|l| multi::value(l, wall))
+        .collect())
 }
 
-/// What a configured window has left at `now`: `limit - counted`, never negative.
-fn remaining(w: &Window, now: i64) -> Result<i64, RedisError> {
-    let params: WindowParams = w.config().ok_or_else(no_window_config)?.params(0);
-    Ok(w.check(&params, now).map_err(error_reply)?.remaining)
-}
-
-/// The value a reply shows for a key now: a budget's available, a window's remaining.
-fn value_now(o: &Opened, wall: i64) -> Result<i64, RedisError> {
-    match o.kind {
-        Kind::Budget => {
-            let b = budget_of(o)?;
-            Ok(b.view(b.now(wall)).available)
-        }
-        Kind::Window => remaining(window_of(o)?, wall),
-    }
+/// Plans with `plan` on the keys' stored values; on an error declares every key unchanged.
+fn plan_on<T>(
+    opened: &mut [Opened],
+    plan: impl FnOnce(&[Limit]) -> Result<T, RedisError>,
+) -> Result<T, RedisError> {
+    let planned = limits(opened).and_then(|l| plan(&l));
+    planned.map_err(|e| abort(opened, e))
 }
 
 /// Applies every key's planned effects (keys with none are declared unchanged) and returns the
@@ -171,82 +170,33 @@ fn value_now(o: &Opened, wall: i64) -> Result<i64, RedisError> {
 fn apply_all(
     ctx: &Context,
     opened: &mut [Opened],
-    planned: &[Planned],
+    planned: &[KeyEffects],
     wall: i64,
 ) -> Result<Vec<i64>, RedisError> {
-    let mut values = Vec::with_capacity(opened.len());
     let mut failed = None;
     for (o, p) in opened.iter_mut().zip(planned) {
-        if failed.is_some() {
+        if failed.is_some() || p.is_empty() {
             o.key.unchanged();
             continue;
         }
         let applied = match p {
-            Planned::Budget { effects, .. } if effects.is_empty() => {
-                o.key.unchanged();
-                value_now(o, wall)
-            }
-            Planned::Window { effects } if effects.is_empty() => {
-                o.key.unchanged();
-                value_now(o, wall)
-            }
-            Planned::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
-                Ok(Some(b)) => {
-                    apply_and_propagate(ctx, o.name, b, *now, effects).map(|v| v.available)
-                }
+            KeyEffects::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
+                Ok(Some(b)) => apply_and_propagate(ctx, o.name, b, *now, effects).map(|_| ()),
                 Ok(None) => Err(noquota()),
                 Err(e) => Err(e),
             },
-            Planned::Window { effects } => {
+            KeyEffects::Window(effects) => {
                 window_effects::apply_and_propagate(ctx, &mut o.key, o.name, wall, effects)
-                    .and_then(|()| value_now(o, wall))
             }
         };
-        match applied {
-            Ok(v) => values.push(v),
-            Err(e) => failed = Some(e),
+        if let Err(e) = applied {
+            failed = Some(e);
         }
     }
     match failed {
         Some(e) => Err(e),
-        None => Ok(values),
+        None => values_now(opened, wall),
     }
-}
-
-/// A fresh id for a multi-key reservation: stream-style `<ms>-<seq>`, above what every listed
-/// budget has seen (the largest of their next ids) and known to none of the keys.
-fn generate_id(opened: &[Opened], wall: i64) -> Result<Id, RedisError> {
-    let mut best: Option<StreamId> = None;
-    for o in opened.iter().filter(|o| o.kind == Kind::Budget) {
-        let b = budget_of(o)?;
-        let id = b.next_id(b.now(wall)).map_err(error_reply)?;
-        let parsed = StreamId::parse(&id);
-        best = best.max(parsed);
-    }
-    let mut candidate = match best {
-        Some(id) => id,
-        None => StreamId {
-            ms: u64::try_from(wall).unwrap_or(0),
-            seq: 0,
-        },
-    };
-    for _ in 0..1024 {
-        let id = candidate.to_bytes();
-        let mut taken = false;
-        for o in opened {
-            taken |= match o.kind {
-                Kind::Budget => budget_of(o)?.book().get(&id).is_some(),
-                Kind::Window => window_of(o)?.remembered().get(&id).is_some(),
-            };
-        }
-        if !taken {
-            return Ok(id);
-        }
-        candidate = candidate
-            .next(wall)
-            .ok_or(RedisError::Str("ERR could not generate a fresh id"))?;
-    }
-    Err(RedisError::Str("ERR could not generate a fresh id"))
 }
 
 /// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [AT ms]`
@@ -277,39 +227,40 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let policy = config::policy();
     let max_id = config::max_id_length();
     let mut opened = open_all(ctx, &names)?;
-    let planned = plan_reserve(&opened, &amounts, id, ttl, wall, &policy, max_id);
-    let (id, outcome) = match planned {
-        Ok(p) => p,
-        Err(e) => return Err(abort(&mut opened, e)),
-    };
-    match outcome {
-        ReserveOutcome::Retried => {
-            unchanged_all(&mut opened);
-            let values = values_now(&opened, wall)?;
-            stats::bump(&stats::MRESERVE_GRANTED);
-            Ok(reserve_reply(Some(&id), -1, 0, values))
+    let outcome = plan_on(&mut opened, |limits| {
+        for l in limits {
+            if let Limit::Budget(b) = l {
+                check_new_id(b, id, max_id)?;
+            }
         }
-        ReserveOutcome::Denied { index, retry } => {
+        multi::plan_mreserve(limits, &amounts, id, ttl, wall, &policy).map_err(error_reply)
+    })?;
+    match outcome {
+        MReserve::Retried { id } => {
             unchanged_all(&mut opened);
-            let values = values_now(&opened, wall)?;
+            stats::bump(&stats::MRESERVE_GRANTED);
+            Ok(reserve_reply(Some(&id), -1, 0, values_now(&opened, wall)?))
+        }
+        MReserve::Denied {
+            index,
+            retry_after_ms,
+        } => {
+            unchanged_all(&mut opened);
             stats::bump(&stats::MRESERVE_DENIED);
+            let index = i64::try_from(index).unwrap_or(-1);
             Ok(reserve_reply(
                 None,
-                i64::try_from(index).unwrap_or(-1),
-                retry,
-                values,
+                index,
+                retry_after_ms,
+                values_now(&opened, wall)?,
             ))
         }
-        ReserveOutcome::Grant(planned) => {
-            let values = apply_all(ctx, &mut opened, &planned, wall)?;
+        MReserve::Granted { id, effects } => {
+            let values = apply_all(ctx, &mut opened, &effects, wall)?;
             stats::bump(&stats::MRESERVE_GRANTED);
             Ok(reserve_reply(Some(&id), -1, 0, values))
         }
     }
-}
-
-fn values_now(opened: &[Opened], wall: i64) -> Result<Vec<i64>, RedisError> {
-    opened.iter().map(|o| value_now(o, wall)).collect()
 }
 
 fn reserve_reply(id: Option<&[u8]>, denied: i64, retry: i64, values: Vec<i64>) -> RedisValue {
@@ -325,105 +276,36 @@ fn reserve_reply(id: Option<&[u8]>, denied: i64, retry: i64, values: Vec<i64>) -
     ])
 }
 
-/// What MRESERVE decided.
-enum ReserveOutcome {
-    /// Every key knows the id with the same amount: nothing more is taken.
-    Retried,
-    /// The first key that denied, and its retry_after_ms.
-    Denied { index: usize, retry: i64 },
-    /// Every key grants: the effects per key.
-    Grant(Vec<Planned>),
-}
-
-/// Plans MRESERVE on every key (pure: nothing changes). Errors: a key's error; `CONFLICT` when
-/// some keys know the id as pending with the same amount and others do not (a retry must name
-/// the same keys and amounts).
-fn plan_reserve(
-    opened: &[Opened],
-    amounts: &[i64],
-    id: Option<&[u8]>,
-    ttl: Option<i64>,
+/// Applies the outcomes' effects and replies one `[status, amount, value]` per key.
+fn apply_outcomes(
+    ctx: &Context,
+    opened: &mut [Opened],
+    outcomes: Vec<KeyOutcome>,
     wall: i64,
-    policy: &crate::core::ledger::Policy,
-    max_id: i64,
-) -> Result<(Id, ReserveOutcome), RedisError> {
-    let id: Id = match id {
-        Some(id) => Id::from_slice(id),
-        None => generate_id(opened, wall)?,
-    };
-    let mut planned = Vec::with_capacity(opened.len());
-    let (mut retried, mut fresh) = (0usize, 0usize);
-    let mut denied: Option<(usize, i64)> = None;
-    for (i, (o, &amount)) in opened.iter().zip(amounts).enumerate() {
-        match o.kind {
-            Kind::Budget => {
-                let b = budget_of(o)?;
-                let now = b.now(wall);
-                check_new_id(b, Some(&id), max_id)?;
-                let plan = b
-                    .plan_reserve(now, policy, amount, Some(&id), ttl)
-                    .map_err(error_reply)?;
-                match plan.reply {
-                    ReserveReply::Retried { .. } => retried = retried.saturating_add(1),
-                    ReserveReply::Granted { .. } => fresh = fresh.saturating_add(1),
-                    ReserveReply::Denied => {
-                        fresh = fresh.saturating_add(1);
-                        if denied.is_none() {
-                            denied = Some((i, b.retry_after(now, amount)));
-                        }
-                    }
-                }
-                planned.push(Planned::Budget {
-                    now,
-                    effects: plan.effects,
-                });
-            }
-            Kind::Window => {
-                let w = window_of(o)?;
-                let cfg = *w.config().ok_or_else(no_window_config)?;
-                let max_ids = policy.max_pending;
-                match w
-                    .plan_id_reserve(wall, &id, amount, max_ids)
-                    .map_err(error_reply)?
-                {
-                    IdPlan::Retried => {
-                        retried = retried.saturating_add(1);
-                        planned.push(Planned::Window { effects: vec![] });
-                    }
-                    IdPlan::Denied(d) => {
-                        fresh = fresh.saturating_add(1);
-                        if denied.is_none() {
-                            denied = Some((i, d.retry_after_ms));
-                        }
-                        planned.push(Planned::Window { effects: vec![] });
-                    }
-                    _ => {
-                        fresh = fresh.saturating_add(1);
-                        planned.push(Planned::Window {
-                            effects: vec![WindowEffect::Count {
-                                window_ms: cfg.window_ms,
-                                precision_ms: cfg.precision_ms,
-                                cost: amount,
-                                id: Some(id.clone()),
-                            }],
-                        });
-                    }
-                }
-            }
+) -> RedisResult {
+    let (rows, effects): (Vec<(KeyStatus, i64)>, Vec<KeyEffects>) =
+        outcomes.into_iter().map(|(s, n, e)| ((s, n), e)).unzip();
+    let values = apply_all(ctx, opened, &effects, wall)?;
+    for (status, _) in &rows {
+        match status {
+            KeyStatus::Settled | KeyStatus::Corrected => stats::bump(&stats::MSETTLED),
+            KeyStatus::Late => stats::bump(&stats::MSETTLED_LATE),
+            KeyStatus::RolledBack => stats::bump(&stats::MROLLED_BACK),
+            _ => {}
         }
     }
-    if retried > 0 && fresh > 0 {
-        return Err(RedisError::String(format!(
-            "CONFLICT id '{}' is pending: a retry must name the same keys and amounts",
-            crate::core::error::printable_id(&id)
-        )));
-    }
-    let outcome = match denied {
-        _ if retried > 0 => ReserveOutcome::Retried,
-        Some((index, retry)) => ReserveOutcome::Denied { index, retry },
-        None => ReserveOutcome::Grant(planned),
-    };
-    Ok((id, outcome))
+    Ok(RedisValue::Array(
+        rows.iter()
+            .zip(values)
+            .map(|((s, n), v)| {
+                RedisValue::Array(vec![
+                    RedisValue::SimpleStringStatic(s.name()),
+                    RedisValue::Integer(*n),
+                    RedisValue::Integer(v),
+                ])
+            })
+            .collect(),
+    ))
 }
 
 /// `QUOTA.MSETTLE numkeys key [key ...] id actual [actual ...] [AT ms]`
@@ -441,78 +323,10 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
-    let planned = (|| {
-        let mut planned = Vec::with_capacity(opened.len());
-        let mut statuses = Vec::with_capacity(opened.len());
-        for (o, &actual) in opened.iter().zip(&actuals) {
-            match o.kind {
-                Kind::Budget => {
-                    let b = budget_of(o)?;
-                    let now = b.now(wall);
-                    let plan = b
-                        .plan_settle(now, &policy, id, actual)
-                        .map_err(error_reply)?;
-                    statuses.push(match plan.reply.0 {
-                        SettleStatus::Settled => "settled",
-                        SettleStatus::Late => "late",
-                        SettleStatus::Duplicate => "duplicate",
-                    });
-                    planned.push(Planned::Budget {
-                        now,
-                        effects: plan.effects,
-                    });
-                }
-                Kind::Window => {
-                    let w = window_of(o)?;
-                    let (status, effects) =
-                        match w.plan_id_settle(wall, id, actual).map_err(error_reply)? {
-                            IdPlan::Corrected { .. } => (
-                                "corrected",
-                                vec![WindowEffect::Settle {
-                                    id: Id::from_slice(id),
-                                    actual,
-                                }],
-                            ),
-                            IdPlan::Duplicate => ("duplicate", vec![]),
-                            _ => ("skipped", vec![]),
-                        };
-                    statuses.push(status);
-                    planned.push(Planned::Window { effects });
-                }
-            }
-        }
-        Ok::<_, RedisError>((planned, statuses))
-    })();
-    let (planned, statuses) = match planned {
-        Ok(p) => p,
-        Err(e) => return Err(abort(&mut opened, e)),
-    };
-    let values = apply_all(ctx, &mut opened, &planned, wall)?;
-    for s in &statuses {
-        match *s {
-            "settled" | "corrected" => stats::bump(&stats::MSETTLED),
-            "late" => stats::bump(&stats::MSETTLED_LATE),
-            _ => {}
-        }
-    }
-    Ok(triples(&statuses, &actuals, &values))
-}
-
-fn triples(statuses: &[&'static str], amounts: &[i64], values: &[i64]) -> RedisValue {
-    RedisValue::Array(
-        statuses
-            .iter()
-            .zip(amounts)
-            .zip(values)
-            .map(|((s, n), v)| {
-                RedisValue::Array(vec![
-                    RedisValue::SimpleStringStatic(s),
-                    RedisValue::Integer(*n),
-                    RedisValue::Integer(*v),
-                ])
-            })
-            .collect(),
-    )
+    let outcomes = plan_on(&mut opened, |limits| {
+        multi::plan_msettle(limits, id, &actuals, wall, &policy).map_err(error_reply)
+    })?;
+    apply_outcomes(ctx, &mut opened, outcomes, wall)
 }
 
 /// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
@@ -525,59 +339,10 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
-    let planned = (|| {
-        let mut planned = Vec::with_capacity(opened.len());
-        let mut statuses = Vec::with_capacity(opened.len());
-        let mut released = Vec::with_capacity(opened.len());
-        for o in &opened {
-            match o.kind {
-                Kind::Budget => {
-                    let b = budget_of(o)?;
-                    let now = b.now(wall);
-                    let plan = b.plan_rollback(now, &policy, id).map_err(error_reply)?;
-                    statuses.push(match plan.reply.0 {
-                        RollbackStatus::RolledBack => "rolledback",
-                        RollbackStatus::Duplicate => "duplicate",
-                        RollbackStatus::Expired => "expired",
-                    });
-                    released.push(plan.reply.1);
-                    planned.push(Planned::Budget {
-                        now,
-                        effects: plan.effects,
-                    });
-                }
-                Kind::Window => {
-                    let w = window_of(o)?;
-                    let (status, n, effects) =
-                        match w.plan_id_rollback(wall, id).map_err(error_reply)? {
-                            IdPlan::RolledBack { released } => (
-                                "rolledback",
-                                released,
-                                vec![WindowEffect::Rollback {
-                                    id: Id::from_slice(id),
-                                }],
-                            ),
-                            IdPlan::Duplicate => ("duplicate", 0, vec![]),
-                            _ => ("skipped", 0, vec![]),
-                        };
-                    statuses.push(status);
-                    released.push(n);
-                    planned.push(Planned::Window { effects });
-                }
-            }
-        }
-        Ok::<_, RedisError>((planned, statuses, released))
-    })();
-    let (planned, statuses, released) = match planned {
-        Ok(p) => p,
-        Err(e) => return Err(abort(&mut opened, e)),
-    };
-    let values = apply_all(ctx, &mut opened, &planned, wall)?;
-    stats::add(
-        &stats::MROLLED_BACK,
-        i64::try_from(statuses.iter().filter(|s| **s == "rolledback").count()).unwrap_or(0),
-    );
-    Ok(triples(&statuses, &released, &values))
+    let outcomes = plan_on(&mut opened, |limits| {
+        multi::plan_mrollback(limits, id, wall, &policy).map_err(error_reply)
+    })?;
+    apply_outcomes(ctx, &mut opened, outcomes, wall)
 }
 
 /// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
@@ -595,29 +360,10 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
-    let planned = (|| {
-        let mut planned = Vec::with_capacity(opened.len());
-        for o in &opened {
-            match o.kind {
-                Kind::Budget => {
-                    let b = budget_of(o)?;
-                    let now = b.now(wall);
-                    let plan = b.plan_extend(now, &policy, id, ttl).map_err(error_reply)?;
-                    planned.push(Planned::Budget {
-                        now,
-                        effects: plan.effects,
-                    });
-                }
-                Kind::Window => planned.push(Planned::Window { effects: vec![] }),
-            }
-        }
-        Ok::<_, RedisError>(planned)
-    })();
-    let planned = match planned {
-        Ok(p) => p,
-        Err(e) => return Err(abort(&mut opened, e)),
-    };
-    apply_all(ctx, &mut opened, &planned, wall)?;
+    let effects = plan_on(&mut opened, |limits| {
+        multi::plan_mextend(limits, id, ttl, wall, &policy).map_err(error_reply)
+    })?;
+    apply_all(ctx, &mut opened, &effects, wall)?;
     stats::bump(&stats::MEXTENDED);
     Ok(RedisValue::Array(
         opened

@@ -48,11 +48,19 @@ struct Request<'a> {
 fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
     let mut a = Args::new(args, 1)?;
     let key = a.next_string()?;
-    // The config form when the limit is absent: no argument, or a word where it would be.
-    let explicit = args
-        .get(2)
-        .is_some_and(|t| crate::shell::args::parse_canonical_i64(t.as_slice()).is_some());
+    // The config form when the limit is absent: no argument, or one of its options where
+    // the limit would be (anything else is read as a limit, so "ten" is still "not an
+    // integer").
+    let explicit = args.get(2).is_some_and(|t| {
+        let t = t.as_slice();
+        !(t.eq_ignore_ascii_case(b"COST")
+            || t.eq_ignore_ascii_case(b"PEEK")
+            || t.eq_ignore_ascii_case(b"AT"))
+    });
     let (limit, window_ms) = if explicit {
+        if args.len() < 4 {
+            return Err(RedisError::WrongArity);
+        }
         (a.next_i64()?, a.next_i64()?)
     } else {
         (0, 0)

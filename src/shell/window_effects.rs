@@ -28,7 +28,7 @@ use crate::shell::effects::TokenSink;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::error_reply;
 use crate::shell::window_type::WINDOW_TYPE;
-use crate::shell::{events, replicate, stats};
+use crate::shell::{events, replicate, stats, sweep_index};
 
 /// Writes the tokens of one window effect.
 pub fn write(effect: &WindowEffect, out: &mut impl TokenSink) {
@@ -147,6 +147,8 @@ pub fn apply_at_key(
     let mut error = None;
     let mut created: Option<Window> = None;
     let mut configured = false;
+    let had_ids =
+        matches!(key.value::<Window>(&WINDOW_TYPE), Ok(Some(w)) if !w.remembered().is_empty());
     match key.value_mut::<Window>(&WINDOW_TYPE) {
         Err(e) => error = Some(e),
         Ok(mut existing) => {
@@ -188,6 +190,14 @@ pub fn apply_at_key(
                 return (0, Some(e));
             }
         }
+    }
+    if let Ok(Some(w)) = key.value::<Window>(&WINDOW_TYPE) {
+        sweep_index::track_window(
+            sweep_index::selected_db(ctx),
+            key_name.as_slice(),
+            w,
+            had_ids,
+        );
     }
     if configured {
         if let Err(e) = key.remove_expire() {
