@@ -155,15 +155,6 @@ class Tenants:
     def load(path: str | Path) -> Tenants:
         return Tenants.parse(json.loads(Path(path).read_text()))
 
-    def limit_of(self, redis_key: str) -> int | None:
-        """The configured limit of one of our Redis keys (None if it is not ours)."""
-        for tenant in self.tenants.values():
-            for key in tenant.keys.values():
-                limits = Limits.of(tenant, key)
-                if redis_key in limits.keys:
-                    return limits.limits[limits.keys.index(redis_key)]
-        return None
-
 
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
