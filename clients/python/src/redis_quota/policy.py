@@ -143,6 +143,23 @@ class LocalLimiter:
         self._window_start = clock()
         self._counted: dict[str, int] = {}
         self._held: dict[str, _Held] = {}
+        self._held_sum: dict[str, int] = {}  # per key: what live local reservations hold
+
+    def _take(self, id: str, h: _Held) -> None:
+        self._held[id] = h
+        for k, a in zip(h.keys, h.amounts, strict=True):
+            self._held_sum[k] = self._held_sum.get(k, 0) + a
+
+    def _release(self, id: str) -> _Held | None:
+        h = self._held.pop(id, None)
+        if h is not None:
+            for k, a in zip(h.keys, h.amounts, strict=True):
+                left = self._held_sum.get(k, 0) - a
+                if left:
+                    self._held_sum[k] = left
+                else:
+                    self._held_sum.pop(k, None)
+        return h
 
     def limit(self, key: str) -> int | None:
         """The local limit of ``key`` (None: unlimited)."""
@@ -160,17 +177,11 @@ class LocalLimiter:
             self._counted.clear()
             self._window_start = now
         for id in [i for i, h in self._held.items() if h.deadline <= now]:
-            del self._held[id]
+            self._release(id)
         return now
 
     def _in_use(self, key: str) -> int:
-        held = sum(
-            a
-            for h in self._held.values()
-            for k, a in zip(h.keys, h.amounts, strict=True)
-            if k == key
-        )
-        return self._counted.get(key, 0) + held
+        return self._counted.get(key, 0) + self._held_sum.get(key, 0)
 
     def _remaining(self, key: str) -> int:
         lim = self.limit(key)
@@ -197,7 +208,7 @@ class LocalLimiter:
                     return None, i, [self._remaining(k) for k in keys]
             new_id = id if id is not None else f"local-{uuid.uuid4().hex}"
             ttl_s = self._default_ttl_s if ttl_ms is None else ttl_ms / 1000
-            self._held[new_id] = _Held(tuple(keys), tuple(amounts), now + ttl_s)
+            self._take(new_id, _Held(tuple(keys), tuple(amounts), now + ttl_s))
             return new_id, -1, [self._remaining(k) for k in keys]
 
     def holds(self, id: str) -> bool:
@@ -213,7 +224,7 @@ class LocalLimiter:
         """
         with self._lock:
             self._tick()
-            h = self._held.pop(id, None)
+            h = self._release(id)
             if h is None:
                 return None
             for k in h.keys:
