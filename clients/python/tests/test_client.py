@@ -176,3 +176,22 @@ def test_context_manager_with_heartbeat(q: Quota) -> None:
         assert [p.id for p in q.pending("b")] == ["hb"]  # alive past its 300 ms TTL
         held.report(42)
     assert info(q, "b").used == 42
+
+
+def test_resp3_replies(q: Quota, server: object) -> None:
+    """QUOTA.INFO is a map in RESP3; nil is RESP3's null."""
+    from redis_quota.testing import RedisServer
+
+    assert isinstance(server, RedisServer)
+    q.set_budget("b3", limit=50, period="HOUR")
+    r3 = redis.Redis(port=server.port, protocol=3)
+    q3 = Quota(r3)
+    i = q3.info("b3")
+    assert isinstance(i, BudgetInfo) and (i.limit, i.period) == (50, "HOUR")
+    assert q3.info("missing") is None
+    g = q3.reserve("b3", 40, id="r3")
+    assert g.granted and g.id == "r3"
+    d = q3.reserve("b3", 20)  # fits in the next hour
+    assert not d.granted and d.id is None and d.retry_after_ms > 0
+    assert q3.settle("b3", "r3", 7).status == "settled"
+    r3.close()
