@@ -285,8 +285,10 @@ class Gateway:
             # more than the window can ever admit: waiting does not help
             msg = f"Request needs more than the {scope.upper()} limit {limits.limits[i]}."
             return error(413, msg, "invalid_request_error", "request_too_large", **h)
-        if retry_ms < 0 and scope == "concurrency":
-            retry_ms = self.settings.busy_retry_after_s * 1000  # a slot frees when one finishes
+        if scope == "concurrency":
+            # a slot frees when a request ends (the module says -1: no period; degrade mode's
+            # local window end would say too much)
+            retry_ms = self.settings.busy_retry_after_s * 1000
         if retry_ms >= 0:
             h["Retry-After"] = h["X-RateLimit-Reset"] = str(ceil_s(retry_ms))
             rate = scope in ("rpm", "tpm", "concurrency")

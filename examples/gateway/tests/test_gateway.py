@@ -367,6 +367,7 @@ def test_degrade_mode_when_redis_is_stopped(
                 busy = other.post("/v1/chat/completions", json=body(3), headers=auth("conc"))
             assert busy.status_code == 429 and busy.headers["X-Quota-Degraded"] == "1"
             assert busy.headers["X-RateLimit-Scope"] == "concurrency"
+            assert busy.headers["Retry-After"] == "1"
             for _ in lines:
                 pass
         m = http.get("/metrics").json()
