@@ -73,6 +73,12 @@ pub struct Remembered {
 }
 
 impl Remembered {
+    /// No ids (what a window without any shares).
+    pub const EMPTY: Remembered = Remembered {
+        by_id: BTreeMap::new(),
+        by_index: BTreeSet::new(),
+    };
+
     /// How many ids are remembered.
     pub fn len(&self) -> usize {
         self.by_id.len()

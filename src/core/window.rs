@@ -215,15 +215,25 @@ pub struct Window {
     last_ms: i64,
     /// Non-empty buckets, strictly increasing index.
     buckets: Buckets,
-    /// Stored configuration (`QUOTA.SET key WINDOW ...`); `None` for a key made by
-    /// `QUOTA.WINDOW` calls alone. Persisted from encoding 2 on (not in the v1 field order).
+    /// The stored configuration and remembered ids, boxed so that a key made by
+    /// `QUOTA.WINDOW` calls alone pays 8 bytes for them. Persisted from encoding 2 on (not in
+    /// the v1 field order).
     #[serde(skip)]
+    extras: Option<Box<Extras>>,
+}
+
+/// What a configured window key holds besides its buckets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Extras {
+    /// Stored configuration (`QUOTA.SET key WINDOW ...`).
     config: Option<WindowConfig>,
     /// Reservation ids of multi-key reservations (`QUOTA.MRESERVE`), kept while their bucket
-    /// is inside the window. Persisted from encoding 2 on.
-    #[serde(skip)]
+    /// is inside the window.
     ids: Remembered,
 }
+
+/// The ids of a window without extras.
+static NO_IDS: Remembered = Remembered::EMPTY;
 
 /// A window key's stored configuration (`QUOTA.SET key WINDOW limit window_ms [PRECISION ms]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -880,8 +890,7 @@ impl Window {
             horizon_ms: params.window_ms,
             last_ms: now_ms,
             buckets: Buckets::default(),
-            config: None,
-            ids: Remembered::default(),
+            extras: None,
         }
     }
 
@@ -978,10 +987,10 @@ impl Window {
         }
         // Keep the heap proportional to what is held after a shrink or conversion.
         self.buckets.trim();
-        if !same_precision && !self.ids.is_empty() {
+        if !same_precision && !self.remembered().is_empty() {
             // The ids follow their buckets to the new precision (the rule of `rebucketed`).
             let p = params.precision_ms;
-            self.ids.remap(|index| {
+            self.ids_mut().remap(|index| {
                 let at = bucket_last(index, old_precision).min(old_last);
                 bucket_of(at, p).unwrap_or(index)
             });
@@ -992,7 +1001,7 @@ impl Window {
         self.last_ms = now;
         self.forget_stale(now);
         if let Some(id) = id {
-            self.ids.put(
+            self.ids_mut().put(
                 id,
                 Entry {
                     index: counted_at,
@@ -1036,12 +1045,29 @@ impl Window {
 
     /// The stored configuration, if any (`QUOTA.SET key WINDOW ...`).
     pub fn config(&self) -> Option<&WindowConfig> {
-        self.config.as_ref()
+        self.extras.as_ref().and_then(|e| e.config.as_ref())
     }
 
     /// The remembered ids of multi-key reservations.
     pub fn remembered(&self) -> &Remembered {
-        &self.ids
+        self.extras.as_ref().map_or(&NO_IDS, |e| &e.ids)
+    }
+
+    fn extras_mut(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    fn ids_mut(&mut self) -> &mut Remembered {
+        &mut self.extras_mut().ids
+    }
+
+    /// Heap bytes of the boxed configuration and ids (an estimate for the ids, see
+    /// [`Remembered::heap_bytes`]), for MEMORY USAGE: the box's size, the ids' nodes.
+    pub fn extras_allocations(&self) -> (usize, usize) {
+        match &self.extras {
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.heap_bytes()),
+            None => (0, 0),
+        }
     }
 
     /// The first bucket index still inside the window at `now` (unix ms): bucket `i` counts
@@ -1055,10 +1081,9 @@ impl Window {
 
     /// Physically forgets the ids whose bucket left the window at `now`; returns how many.
     fn forget_stale(&mut self, now: i64) -> usize {
-        match self.ids.oldest_index() {
-            Some(oldest) if oldest < self.first_live_index(now) => {
-                self.ids.forget_before(self.first_live_index(now))
-            }
+        let first = self.first_live_index(now);
+        match self.remembered().oldest_index() {
+            Some(oldest) if oldest < first => self.ids_mut().forget_before(first),
             _ => 0,
         }
     }
@@ -1067,7 +1092,7 @@ impl Window {
     /// window (whether or not it was physically forgotten yet).
     pub fn id_entry(&self, id: &[u8], now_ms: i64) -> Option<Entry> {
         let now = self.effective_now(now_ms);
-        self.ids
+        self.remembered()
             .get(id)
             .filter(|e| e.index >= self.first_live_index(now))
             .copied()
@@ -1076,7 +1101,7 @@ impl Window {
     /// Unix ms at which the oldest remembered id's bucket leaves the window (the sweeper's
     /// due time); `None` without ids.
     pub fn ids_due_ms(&self) -> Option<i64> {
-        self.ids.oldest_index().map(|index| {
+        self.remembered().oldest_index().map(|index| {
             clamp_i64(
                 bucket_last(index, self.precision_ms).saturating_add(i128::from(self.window_ms)),
             )
@@ -1086,7 +1111,10 @@ impl Window {
     /// How many ids a [`WindowEffect::Forget`] at `now_ms` would forget (0: nothing to sweep).
     pub fn stale_ids(&self, now_ms: i64) -> usize {
         let first = self.first_live_index(self.effective_now(now_ms));
-        self.ids.iter().filter(|(_, e)| e.index < first).count()
+        self.remembered()
+            .iter()
+            .filter(|(_, e)| e.index < first)
+            .count()
     }
 
     /// What the window counts now under `params`' window and precision, `>= 0`.
@@ -1114,7 +1142,7 @@ impl Window {
         cost: i64,
         max_ids: i64,
     ) -> Result<IdPlan, LedgerError> {
-        let cfg = self.config.ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
+        let cfg = *self.config().ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
         match self.id_entry(id, now_ms) {
             Some(e) if e.status == IdStatus::Pending && e.amount == cost => {
                 return Ok(IdPlan::Retried)
@@ -1141,7 +1169,7 @@ impl Window {
         if !d.allowed {
             return Ok(IdPlan::Denied(d));
         }
-        let held = i64::try_from(self.ids.len()).unwrap_or(i64::MAX);
+        let held = i64::try_from(self.remembered().len()).unwrap_or(i64::MAX);
         if held >= max_ids {
             return Err(LedgerError::TooManyPending { max: max_ids });
         }
@@ -1253,7 +1281,7 @@ impl Window {
             WindowEffect::Configure(cfg) => {
                 let params = cfg.params(0);
                 self.record_inner(&params, at_ms, None, None)?;
-                self.config = Some(*cfg);
+                self.extras_mut().config = Some(*cfg);
             }
             WindowEffect::Count {
                 window_ms,
@@ -1290,7 +1318,7 @@ impl Window {
         }
         let delta = to.checked_sub(e.counted).ok_or(WindowError::Overflow)?;
         self.buckets.adjust(e.index, delta)?;
-        self.ids.put(
+        self.ids_mut().put(
             id,
             Entry {
                 counted: to,
@@ -1309,8 +1337,8 @@ impl Window {
     /// Attaches a decoded configuration and ids (encoding 2) to a decoded window; the caller
     /// validates the result.
     pub fn with_extras(mut self, config: Option<WindowConfig>, ids: Remembered) -> Self {
-        self.config = config;
-        self.ids = ids;
+        self.extras =
+            (config.is_some() || !ids.is_empty()).then(|| Box::new(Extras { config, ids }));
         self
     }
 
@@ -1426,11 +1454,11 @@ impl Window {
     /// still inside the window at `last_ms` and not after it, counting `>= 0` (its amount while
     /// pending, 0 once rolled back), and the ids of a bucket counting no more than it holds.
     fn validate_extras(&self) -> Result<(), WindowError> {
-        if let Some(c) = self.config {
+        if let Some(c) = self.config() {
             WindowConfig::parse(c.limit, c.window_ms, Some(c.precision_ms))
                 .map_err(|_| WindowError::Corrupt("configuration"))?;
         }
-        if self.ids.is_empty() {
+        if self.remembered().is_empty() {
             return Ok(());
         }
         let (first, newest) = (
@@ -1439,7 +1467,7 @@ impl Window {
                 .map_err(|_| WindowError::Corrupt("last_ms"))?,
         );
         let mut checked: Option<i64> = None;
-        for (id, e) in self.ids.iter() {
+        for (id, e) in self.remembered().iter() {
             if id.is_empty() || e.index < first || e.index > newest {
                 return Err(WindowError::Corrupt("remembered id outside the window"));
             }
@@ -1452,7 +1480,8 @@ impl Window {
                 return Err(WindowError::Corrupt("remembered id amount"));
             }
             if checked != Some(e.index)
-                && self.ids.counted_in(e.index) > i128::from(self.buckets.count_of(e.index))
+                && self.remembered().counted_in(e.index)
+                    > i128::from(self.buckets.count_of(e.index))
             {
                 return Err(WindowError::Corrupt(
                     "remembered ids count past their bucket",
@@ -2081,8 +2110,7 @@ mod tests {
             horizon_ms: 100,
             last_ms: 1000,
             buckets: held(&[(95, 1), (100, 2)]),
-            config: None,
-            ids: Remembered::default(),
+            extras: None,
         };
         good.validate().unwrap();
         let with = |f: &dyn Fn(&mut Window)| {
@@ -2271,8 +2299,7 @@ mod tests {
             horizon_ms: 100,
             last_ms: 1_000_000,
             buckets: held(&[(999_950, 1), (1_000_000, 2)]),
-            config: None,
-            ids: Remembered::default(),
+            extras: None,
         };
         plain.validate().unwrap();
         let mut lagging = plain.clone();
@@ -2614,8 +2641,7 @@ mod tests {
                 horizon_ms,
                 last_ms,
                 buckets: held,
-                config: None,
-                ids: Remembered::default(),
+                extras: None,
             };
             let _ = w.validate();
             let _ = w.empty_at_ms();
