@@ -930,3 +930,74 @@ fn the_sweeper_forgets_window_ids_whose_bucket_left_the_window() {
     assert_eq!(digest(&mut m, "w"), digest(&mut r, "w"));
     assert_eq!(info(&mut r, "w")["remembered_ids"], 0);
 }
+
+fn used_memory(c: &mut redis::Connection) -> i64 {
+    info_section(c, "memory")["used_memory"]
+}
+
+/// MEMORY USAGE of a window key holding 20 000 remembered ids (client ids of 16 bytes) is
+/// within 10 % of what deleting it gives back, and the ids cost at most 100 bytes each.
+#[test]
+fn memory_usage_of_remembered_ids_is_within_10_percent() {
+    let s = server();
+    let key = "w";
+    let n = 20_000usize;
+    {
+        let mut c = s.conn();
+        oka(
+            &mut c,
+            0,
+            &[
+                "QUOTA.SET",
+                key,
+                "WINDOW",
+                "1000000000",
+                "600000",
+                "PRECISION",
+                "10000",
+            ],
+        );
+        let empty = int(&ok(&mut c, &["MEMORY", "USAGE", key]));
+        let mut pipe = redis::pipe();
+        for i in 0..n {
+            pipe.cmd("QUOTA.MRESERVE")
+                .arg(1)
+                .arg(key)
+                .arg(1)
+                .arg("ID")
+                .arg(format!("request-{i:08}"))
+                .arg("AT")
+                .arg(at(i as i64));
+        }
+        let replies: Vec<Value> = pipe.query(&mut c).unwrap();
+        assert!(replies.iter().all(|r| int(&items(r)[0]) == 1));
+        assert_eq!(
+            info_at(&mut c, key, T0 + n as i64)["remembered_ids"],
+            n as i64
+        );
+        let full = int(&ok(&mut c, &["MEMORY", "USAGE", key]));
+        let per_id = (full - empty) / n as i64;
+        eprintln!("MEMORY USAGE {full} B, {per_id} B per remembered id");
+        assert!(per_id <= 100, "{per_id} bytes per id");
+    }
+    // A fresh connection: the pipelining client's buffers would move used_memory meanwhile.
+    std::thread::sleep(Duration::from_millis(50));
+    let c = &mut s.conn();
+    let mut last = used_memory(c);
+    for _ in 0..10 {
+        let now = used_memory(c);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let reported = int(&ok(c, &["MEMORY", "USAGE", key]));
+    let before = used_memory(c);
+    ok(c, &["DEL", key]);
+    let freed = before - used_memory(c);
+    let ratio = reported as f64 / freed as f64;
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "MEMORY USAGE {reported} vs freed {freed}"
+    );
+}

@@ -1006,7 +1006,6 @@ impl Window {
                 Entry {
                     index: counted_at,
                     counted: params.cost,
-                    amount: params.cost,
                     status: IdStatus::Pending,
                 },
             );
@@ -1061,12 +1060,12 @@ impl Window {
         &mut self.extras_mut().ids
     }
 
-    /// Heap bytes of the boxed configuration and ids (an estimate for the ids, see
-    /// [`Remembered::heap_bytes`]), for MEMORY USAGE: the box's size, the ids' nodes.
-    pub fn extras_allocations(&self) -> (usize, usize) {
+    /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
+    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
         match &self.extras {
-            Some(e) => (std::mem::size_of::<Extras>(), e.ids.heap_bytes()),
-            None => (0, 0),
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            None => (0, (0, 0, 0)),
         }
     }
 
@@ -1144,7 +1143,7 @@ impl Window {
     ) -> Result<IdPlan, LedgerError> {
         let cfg = *self.config().ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
         match self.id_entry(id, now_ms) {
-            Some(e) if e.status == IdStatus::Pending && e.amount == cost => {
+            Some(e) if e.status == IdStatus::Pending && e.counted == cost => {
                 return Ok(IdPlan::Retried)
             }
             Some(e) if e.status == IdStatus::Pending => {
@@ -1471,10 +1470,12 @@ impl Window {
             if id.is_empty() || e.index < first || e.index > newest {
                 return Err(WindowError::Corrupt("remembered id outside the window"));
             }
+            if checked.is_some_and(|c| c > e.index) {
+                return Err(WindowError::Corrupt("remembered ids out of order"));
+            }
             let ok = match e.status {
-                IdStatus::Pending => e.counted == e.amount && e.amount >= 0,
-                IdStatus::Settled => e.counted >= 0 && e.amount >= 0,
-                IdStatus::RolledBack => e.counted == 0 && e.amount >= 0,
+                IdStatus::Pending | IdStatus::Settled => e.counted >= 0,
+                IdStatus::RolledBack => e.counted == 0,
             };
             if !ok {
                 return Err(WindowError::Corrupt("remembered id amount"));
