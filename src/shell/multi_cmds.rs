@@ -102,15 +102,13 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<Vec<Opened<'
                 Err(_) => Err(RedisError::WrongType),
             },
         };
-        opened.push(Opened {
-            name,
-            key,
-            kind: Kind::Budget,
-        });
-        match (kind, opened.last_mut()) {
-            (Ok(kind), Some(o)) => o.kind = kind,
-            (Err(e), _) => return Err(abort(&mut opened, e)),
-            (Ok(_), None) => {}
+        match kind {
+            Ok(kind) => opened.push(Opened { name, key, kind }),
+            Err(e) => {
+                let mut key = key;
+                key.unchanged();
+                return Err(abort(&mut opened, e));
+            }
         }
     }
     Ok(opened)
