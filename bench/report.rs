@@ -65,6 +65,13 @@ impl Results {
     }
 }
 
+/// What the 5-key load rows are (under the load table).
+const MULTI_NOTE: &str = "The 5-key rows: one request against 3 budgets (a `QUOTA.SET ... LIMIT` \
+     key each, amount 1000) and an RPM (cost 1) and a TPM (cost 1000) window key (`QUOTA.SET ... \
+     WINDOW`, 1 s), all under the tenant's `{t<k>}` hash tag; the cycle settles at 600 tokens. \
+     Lua: `bench/lua/mreserve.lua` and `msettle.lua` on hashes, a detail hash per reservation and \
+     ZSETs.";
+
 /// The Lua workload each module workload replaces.
 fn lua_twin(kind: Kind) -> Option<Kind> {
     Some(match kind {
@@ -210,13 +217,17 @@ pub fn render(cfg: &Config, r: &Results) -> String {
             );
             let _ = writeln!(s, "| {} | – | not run | | | | | | |", Kind::MCycle.name());
         }
+        let multi_rows = r.multi_missing
+            || r.load.iter().any(|m| {
+                matches!(
+                    m.kind,
+                    Kind::MReserve | Kind::MCycle | Kind::LuaMReserve | Kind::LuaMCycle
+                )
+            });
         let _ = writeln!(
             s,
-            "\nThe 5-key rows: one request against 3 budgets (a `QUOTA.SET ... LIMIT` key each, \
-             amount 1000) and an RPM (cost 1) and a TPM (cost 1000) window key \
-             (`QUOTA.SET ... WINDOW`, 1 s), all under the tenant's `{{t<k>}}` hash tag; the \
-             cycle settles at 600 tokens. Lua: `bench/lua/mreserve.lua` and `msettle.lua` on \
-             hashes, a detail hash per reservation and ZSETs.{}\n",
+            "\n{}{}\n",
+            if multi_rows { MULTI_NOTE } else { "" },
             if r.load.iter().any(|m| m.exhausted) {
                 " ‡ ran out of prefilled reservations before the time was up (throughput is \
                  still operations ÷ elapsed)."
