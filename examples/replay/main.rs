@@ -70,7 +70,8 @@ mod report;
 mod server;
 mod trace;
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -166,17 +167,28 @@ struct Tenant {
     peaks: Peaks,
 }
 
-/// What happened to one request, in trace µs measured on the real clock (× SPEED).
+/// When a command was dispatched: trace µs on the real clock (× SPEED), and its place in the
+/// order of dispatch (the order the server sees).
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    at: u64,
+    seq: u64,
+}
+
+/// What happened to one request.
 #[derive(Clone, Copy, Debug)]
 struct Outcome {
-    /// When the admission's answer came back.
-    admitted_at: u64,
+    admitted: Sent,
     verdict: Verdict,
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Verdict {
-    Granted { settled_at: u64 },
+    /// Granted, not settled yet.
+    InFlight,
+    Granted {
+        settled: Sent,
+    },
     Denied(Limit),
 }
 
@@ -187,8 +199,6 @@ struct Live {
     granted: u64,
     denied: [u64; 4],
     in_flight: u64,
-    peak_in_flight: u64,
-    commands: u64,
     reserve_retries: u64,
     settle_duplicates: u64,
 }
@@ -325,23 +335,7 @@ async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str)
 
     let bar = progress_bar(span_us);
     let ticker = tokio::spawn(tick(Arc::clone(&replay), bar.clone()));
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..count {
-        let at = replay.started + replay.config.real(replay.requests[i].at_us);
-        tokio::time::sleep_until(at.into()).await;
-        if replay.failed.lock().unwrap().is_some() {
-            break;
-        }
-        let (replay, con) = (Arc::clone(&replay), con.clone());
-        tasks.spawn(async move {
-            if let Err(e) = one_request(&replay, i, con).await {
-                replay.failed.lock().unwrap().get_or_insert(e.to_string());
-            }
-        });
-        // Reap finished tasks as we go (the set would otherwise hold every one).
-        while tasks.try_join_next().is_some() {}
-    }
-    while tasks.join_next().await.is_some() {}
+    let lag = dispatch(&replay, &con).await;
     ticker.abort();
     let elapsed = replay.started.elapsed();
     bar.finish_and_clear();
@@ -354,9 +348,20 @@ async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str)
         .lock()
         .unwrap()
         .iter()
-        .map(|o| o.ok_or("a request has no outcome"))
+        .map(|o| match o {
+            Some(Outcome {
+                verdict: Verdict::InFlight,
+                ..
+            })
+            | None => Err("a request was never admitted or never settled"),
+            Some(o) => Ok(*o),
+        })
         .collect::<std::result::Result<_, _>>()?;
-    let live = replay.live.lock().unwrap();
+    let (reserve_retries, settle_duplicates) = {
+        let live = replay.live.lock().unwrap();
+        (live.reserve_retries, live.settle_duplicates)
+    };
+    let commands = quota::commands();
     let stats = tenant_stats(&replay, &outcomes);
     print_outcome(&replay.tenants, &stats);
     println!();
@@ -372,18 +377,19 @@ async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str)
         "idempotent retries ({}): {} admission retries returned the same id and took nothing more; \
          {} settle retries answered \"duplicate\" and charged nothing more",
         own.join(", "),
-        thousands(live.reserve_retries),
-        thousands(live.settle_duplicates),
+        thousands(reserve_retries),
+        thousands(settle_duplicates),
     );
     let secs = elapsed.as_secs_f64().max(1e-9);
     println!(
-        "time: {} of trace in {secs:.1} s ({:.1}× real time); peak {} requests in flight; \
-         {} QUOTA.* commands ({} a second)",
+        "time: {} of trace in {secs:.1} s ({:.1}× real time), at most {} ms behind the trace's \
+         schedule; peak {} requests in flight; {} QUOTA.* commands ({} a second)",
         clock(span_us),
         span_us as f64 / 1e6 / secs,
-        live.peak_in_flight,
-        thousands(live.commands),
-        thousands((live.commands as f64 / secs) as u64),
+        lag.as_millis(),
+        peak_in_flight(&outcomes),
+        thousands(commands),
+        thousands((commands as f64 / secs) as u64),
     );
     let data = report_data(&replay, &outcomes, &stats);
     report::write_svg(&replay.config.report, &data)?;
@@ -392,30 +398,116 @@ async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str)
     Ok(ok)
 }
 
-/// One request: admit, hold, settle (and the retries of the tenants with their own ids).
-async fn one_request(replay: &Replay, i: usize, mut con: MultiplexedConnection) -> Result<()> {
+/// Sends every admission and every settle in the trace's order: admissions at the requests'
+/// times, settles at their start plus their duration (ends before starts at the same time).
+/// Commands go out over one multiplexed connection in the order they are dispatched, so the
+/// server sees the trace's order even when this process or the machine stalls for a moment
+/// (the overdue events then go out together, still in order). Returns the largest lag behind
+/// the trace's schedule, in real time.
+async fn dispatch(replay: &Arc<Replay>, con: &MultiplexedConnection) -> Duration {
+    // Answers to admissions: (request, its id if granted), one per admission.
+    let (answers, mut answered) =
+        tokio::sync::mpsc::unbounded_channel::<(usize, Option<Vec<u8>>)>();
+    // Granted requests by the time they end: (due, request, id).
+    let mut ends: BinaryHeap<Reverse<(u64, usize, Vec<u8>)>> = BinaryHeap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let (mut next, mut waiting, mut seq, mut lag) = (0usize, 0usize, 0u64, Duration::ZERO);
+    let granted =
+        |(i, id): (usize, Option<Vec<u8>>), ends: &mut BinaryHeap<_>, waiting: &mut usize| {
+            *waiting -= 1;
+            if let Some(id) = id {
+                let r = &replay.requests[i];
+                ends.push(Reverse((r.at_us + replay.config.hold_us(r), i, id)));
+            }
+        };
+    loop {
+        if replay.failed.lock().unwrap().is_some() {
+            break;
+        }
+        let start = replay.requests.get(next).map(|r| r.at_us);
+        let end = ends.peek().map(|Reverse((t, _, _))| *t);
+        let (due, is_end) = match (start, end) {
+            (None, None) if waiting == 0 => break,
+            (None, None) => match answered.recv().await {
+                Some(answer) => {
+                    granted(answer, &mut ends, &mut waiting);
+                    continue;
+                }
+                None => break,
+            },
+            (Some(s), Some(e)) => (s.min(e), e <= s),
+            (Some(s), None) => (s, false),
+            (None, Some(e)) => (e, true),
+        };
+        let at = replay.started + replay.config.real(due);
+        // Wait for the event's time, or for an answer (its end may come first).
+        tokio::select! {
+            biased;
+            Some(answer) = answered.recv() => {
+                granted(answer, &mut ends, &mut waiting);
+                continue;
+            }
+            () = tokio::time::sleep_until(at.into()) => {}
+        }
+        lag = lag.max(Instant::now().saturating_duration_since(at));
+        let sent = Sent {
+            at: replay.trace_now(),
+            seq,
+        };
+        seq += 1;
+        let (replay_, con) = (Arc::clone(replay), con.clone());
+        if is_end {
+            let Some(Reverse((_, i, id))) = ends.pop() else {
+                continue;
+            };
+            tasks.spawn(async move {
+                if let Err(e) = settle(&replay_, i, id, sent, con).await {
+                    replay_.failed.lock().unwrap().get_or_insert(e.to_string());
+                }
+            });
+        } else {
+            let (i, answers) = (next, answers.clone());
+            next += 1;
+            waiting += 1;
+            tasks.spawn(async move {
+                let answer = admit(&replay_, i, sent, con).await.unwrap_or_else(|e| {
+                    replay_.failed.lock().unwrap().get_or_insert(e.to_string());
+                    None
+                });
+                let _ = answers.send((i, answer));
+            });
+        }
+        // Reap finished tasks as we go (the set would otherwise hold every one).
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    lag
+}
+
+/// Admits request `i` (and retries it, for the tenants with their own ids): its id if granted.
+async fn admit(
+    replay: &Replay,
+    i: usize,
+    sent: Sent,
+    mut con: MultiplexedConnection,
+) -> Result<Option<Vec<u8>>> {
     let r = &replay.requests[i];
     let tenant = &replay.tenants[r.tenant()];
-    let q = &tenant.quota;
-    let mode = replay.mode;
-    let (amount, actual) = (r.reservation(), r.actual());
+    let (q, mode, amount) = (&tenant.quota, replay.mode, r.reservation());
     let own_id = tenant.own_ids.then(|| r.own_id());
     let admission = quota::admit(&mut con, mode, q, amount, own_id.as_deref()).await?;
-    let admitted = Instant::now();
-    let admitted_at = replay.trace_now();
     let id = match admission {
         Admission::Denied(limit) => {
             {
                 let mut live = replay.live.lock().unwrap();
                 live.requests += 1;
                 live.denied[limit.index()] += 1;
-                live.commands += 1;
             }
             replay.outcomes.lock().unwrap()[i] = Some(Outcome {
-                admitted_at,
+                admitted: sent,
                 verdict: Verdict::Denied(limit),
             });
-            return Ok(());
+            return Ok(None);
         }
         Admission::Granted(id) => id,
     };
@@ -430,24 +522,32 @@ async fn one_request(replay: &Replay, i: usize, mut con: MultiplexedConnection) 
             .into());
         }
     }
-    {
-        let mut live = replay.live.lock().unwrap();
-        live.requests += 1;
-        live.granted += 1;
-        live.in_flight += 1;
-        live.peak_in_flight = live.peak_in_flight.max(live.in_flight);
-        live.commands += 1;
-        if own_id.is_some() {
-            live.reserve_retries += 1;
-            live.commands += 1;
-        }
+    replay.outcomes.lock().unwrap()[i] = Some(Outcome {
+        admitted: sent,
+        verdict: Verdict::InFlight,
+    });
+    let mut live = replay.live.lock().unwrap();
+    live.requests += 1;
+    live.granted += 1;
+    live.in_flight += 1;
+    if own_id.is_some() {
+        live.reserve_retries += 1;
     }
+    Ok(Some(id))
+}
 
-    tokio::time::sleep_until((admitted + replay.config.real(replay.config.hold_us(r))).into())
-        .await;
-
+/// Settles granted request `i` with its real tokens (twice, for the tenants with their own ids).
+async fn settle(
+    replay: &Replay,
+    i: usize,
+    id: Vec<u8>,
+    sent: Sent,
+    mut con: MultiplexedConnection,
+) -> Result<()> {
+    let r = &replay.requests[i];
+    let tenant = &replay.tenants[r.tenant()];
+    let (q, mode, actual) = (&tenant.quota, replay.mode, r.actual());
     let settled = quota::settle(&mut con, mode, q, &id, actual).await?;
-    let settled_at = replay.trace_now();
     let id_text = String::from_utf8_lossy(&id);
     if settled.status != "settled" || settled.charged != actual {
         return Err(format!(
@@ -456,7 +556,7 @@ async fn one_request(replay: &Replay, i: usize, mut con: MultiplexedConnection) 
         )
         .into());
     }
-    if own_id.is_some() {
+    if tenant.own_ids {
         // The same settle again: recognised, not charged twice.
         let again = quota::settle(&mut con, mode, q, &id, actual).await?;
         if again.status != "duplicate" || again.charged != actual {
@@ -471,15 +571,15 @@ async fn one_request(replay: &Replay, i: usize, mut con: MultiplexedConnection) 
     {
         let mut live = replay.live.lock().unwrap();
         live.in_flight -= 1;
-        live.commands += 1;
-        if own_id.is_some() {
+        if tenant.own_ids {
             live.settle_duplicates += 1;
-            live.commands += 1;
         }
     }
-    replay.outcomes.lock().unwrap()[i] = Some(Outcome {
-        admitted_at,
-        verdict: Verdict::Granted { settled_at },
+    let mut outcomes = replay.outcomes.lock().unwrap();
+    let admitted = outcomes[i].map_or(sent, |o| o.admitted);
+    outcomes[i] = Some(Outcome {
+        admitted,
+        verdict: Verdict::Granted { settled: sent },
     });
     Ok(())
 }
@@ -627,6 +727,25 @@ fn peaks(requests: &[&Request], config: &Config) -> Peaks {
     }
 }
 
+/// Most requests in flight at once over all tenants, in the order the server saw the commands.
+fn peak_in_flight(outcomes: &[Outcome]) -> u64 {
+    let mut events: Vec<(u64, i64)> = outcomes
+        .iter()
+        .filter_map(|o| match o.verdict {
+            Verdict::Granted { settled } => Some([(o.admitted.seq, 1), (settled.seq, -1)]),
+            Verdict::Denied(_) | Verdict::InFlight => None,
+        })
+        .flatten()
+        .collect();
+    events.sort();
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, step) in events {
+        now += step;
+        most = most.max(now);
+    }
+    most as u64
+}
+
 /// What the clients saw for one tenant.
 #[derive(Default, Clone, Debug)]
 struct TenantStats {
@@ -650,13 +769,14 @@ fn tenant_stats(replay: &Replay, outcomes: &[Outcome]) -> Vec<TenantStats> {
         let s = &mut stats[r.tenant()];
         s.requests += 1;
         match o.verdict {
-            Verdict::Granted { settled_at } => {
+            Verdict::Granted { settled } => {
                 s.granted += 1;
                 s.settled_tokens += r.actual();
-                events[r.tenant()].push((o.admitted_at, 1));
-                events[r.tenant()].push((settled_at, -1));
+                events[r.tenant()].push((o.admitted.seq, 1));
+                events[r.tenant()].push((settled.seq, -1));
             }
             Verdict::Denied(limit) => s.denied[limit.index()] += 1,
+            Verdict::InFlight => {}
         }
     }
     for (s, mut ev) in stats.iter_mut().zip(events) {
@@ -863,8 +983,8 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
     let end_us = outcomes
         .iter()
         .map(|o| match o.verdict {
-            Verdict::Granted { settled_at } => settled_at,
-            Verdict::Denied(_) => o.admitted_at,
+            Verdict::Granted { settled } => settled.at,
+            Verdict::Denied(_) | Verdict::InFlight => o.admitted.at,
         })
         .max()
         .unwrap_or(0);
@@ -890,8 +1010,8 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
                             .iter()
                             .filter(|(_, o)| {
                                 matches!(o.verdict, Verdict::Granted { .. }) == granted
-                                    && o.admitted_at <= s
-                                    && o.admitted_at + MINUTE_US > s
+                                    && o.admitted.at <= s
+                                    && o.admitted.at + MINUTE_US > s
                             })
                             .map(|(r, _)| r.actual())
                             .sum();
@@ -899,12 +1019,15 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
                     })
                     .collect()
             };
-            // Most requests in flight within each step.
-            let mut events: Vec<(u64, i64)> = mine
+            // Most requests in flight within each step (events in the order the server saw them).
+            let mut events: Vec<(u64, u64, i64)> = mine
                 .iter()
                 .filter_map(|(_, o)| match o.verdict {
-                    Verdict::Granted { settled_at } => Some([(o.admitted_at, 1), (settled_at, -1)]),
-                    Verdict::Denied(_) => None,
+                    Verdict::Granted { settled } => Some([
+                        (o.admitted.seq, o.admitted.at, 1),
+                        (settled.seq, settled.at, -1),
+                    ]),
+                    Verdict::Denied(_) | Verdict::InFlight => None,
                 })
                 .flatten()
                 .collect();
@@ -913,8 +1036,8 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
             let (mut now, mut next) = (0i64, 0usize);
             for &s in &samples {
                 let mut most = now;
-                while next < events.len() && events[next].0 < s + STEP_US {
-                    now += events[next].1;
+                while next < events.len() && events[next].1 < s + STEP_US {
+                    now += events[next].2;
                     most = most.max(now);
                     next += 1;
                 }
@@ -924,8 +1047,8 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
             let mut settles: Vec<(u64, u64)> = mine
                 .iter()
                 .filter_map(|(r, o)| match o.verdict {
-                    Verdict::Granted { settled_at } => Some((settled_at, r.actual())),
-                    Verdict::Denied(_) => None,
+                    Verdict::Granted { settled } => Some((settled.at, r.actual())),
+                    Verdict::Denied(_) | Verdict::InFlight => None,
                 })
                 .collect();
             settles.sort();

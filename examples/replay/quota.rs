@@ -8,11 +8,20 @@
 //! has already counted against RPM, which is the gap the multi-key commands close.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use crate::Result;
+
+/// QUOTA.* commands sent so far (every admission, settle, retry and rollback).
+static COMMANDS: AtomicU64 = AtomicU64::new(0);
+
+/// How many QUOTA.* commands this process has sent.
+pub fn commands() -> u64 {
+    COMMANDS.load(Ordering::Relaxed)
+}
 
 /// The limits of one request, in the order they are checked (MRESERVE's key order, so its
 /// `denied_index` is an index into this).
@@ -252,6 +261,7 @@ async fn mreserve(
     amount: u64,
     id: Option<&str>,
 ) -> Result<Admission> {
+    COMMANDS.fetch_add(1, Ordering::Relaxed);
     let keys = q.keys.all();
     let mut cmd = redis::cmd("QUOTA.MRESERVE");
     cmd.arg(keys.len())
@@ -283,6 +293,7 @@ async fn msettle(
     id: &[u8],
     actual: u64,
 ) -> Result<Settled> {
+    COMMANDS.fetch_add(1, Ordering::Relaxed);
     let keys = q.keys.all();
     let text = || {
         format!(
@@ -339,6 +350,7 @@ async fn admit_single(
     match denied {
         None => Ok(Admission::Granted(id)),
         Some(limit) => {
+            COMMANDS.fetch_add(1, Ordering::Relaxed);
             let _: Value = redis::cmd("QUOTA.ROLLBACK")
                 .arg(&q.keys.concurrency)
                 .arg(&id)
@@ -357,6 +369,7 @@ async fn reserve(
     amount: u64,
     id: Option<&str>,
 ) -> Result<Option<Vec<u8>>> {
+    COMMANDS.fetch_add(1, Ordering::Relaxed);
     let mut cmd = redis::cmd("QUOTA.RESERVE");
     cmd.arg(key).arg(amount);
     if let Some(id) = id {
@@ -383,6 +396,7 @@ async fn window(
     window_ms: u64,
     cost: u64,
 ) -> Result<bool> {
+    COMMANDS.fetch_add(1, Ordering::Relaxed);
     let (allowed, _remaining, _retry, _reset): (i64, i64, i64, i64) = redis::cmd("QUOTA.WINDOW")
         .arg(key)
         .arg(limit)
@@ -402,6 +416,7 @@ async fn settle_one(
     id: &[u8],
     actual: u64,
 ) -> Result<(String, u64)> {
+    COMMANDS.fetch_add(1, Ordering::Relaxed);
     let (status, charged, _available): (String, u64, i64) = redis::cmd("QUOTA.SETTLE")
         .arg(key)
         .arg(id)
