@@ -398,77 +398,77 @@ async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str)
     Ok(ok)
 }
 
-/// Sends every admission and every settle in the trace's order: admissions at the requests'
-/// times, settles at their start plus their duration (ends before starts at the same time).
-/// Commands go out over one multiplexed connection in the order they are dispatched, so the
-/// server sees the trace's order even when this process or the machine stalls for a moment
-/// (the overdue events then go out together, still in order). Returns the largest lag behind
-/// the trace's schedule, in real time.
+/// Sends every admission and every settle in the trace's order: an admission at its request's
+/// time, a settle (of a granted request) at that time plus the request's duration; an end comes
+/// before a start at the same time. Commands go out over one multiplexed connection in the order
+/// they are dispatched, so the server sees the trace's order even when this process or the
+/// machine stalls for a moment: the overdue events then go out together, still in order (a
+/// settle whose admission has not been answered yet waits for that answer). Returns the largest
+/// lag behind the trace's schedule, in real time.
 async fn dispatch(replay: &Arc<Replay>, con: &MultiplexedConnection) -> Duration {
     // Answers to admissions: (request, its id if granted), one per admission.
     let (answers, mut answered) =
         tokio::sync::mpsc::unbounded_channel::<(usize, Option<Vec<u8>>)>();
-    // Granted requests by the time they end: (due, request, id).
-    let mut ends: BinaryHeap<Reverse<(u64, usize, Vec<u8>)>> = BinaryHeap::new();
+    let mut known: HashMap<usize, Option<Vec<u8>>> = HashMap::new();
+    // Every admitted request's end: (due, request).
+    let mut ends: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut tasks = tokio::task::JoinSet::new();
-    let (mut next, mut waiting, mut seq, mut lag) = (0usize, 0usize, 0u64, Duration::ZERO);
-    let granted =
-        |(i, id): (usize, Option<Vec<u8>>), ends: &mut BinaryHeap<_>, waiting: &mut usize| {
-            *waiting -= 1;
-            if let Some(id) = id {
-                let r = &replay.requests[i];
-                ends.push(Reverse((r.at_us + replay.config.hold_us(r), i, id)));
-            }
-        };
+    let (mut next, mut seq, mut lag) = (0usize, 0u64, Duration::ZERO);
     loop {
         if replay.failed.lock().unwrap().is_some() {
             break;
         }
         let start = replay.requests.get(next).map(|r| r.at_us);
-        let end = ends.peek().map(|Reverse((t, _, _))| *t);
+        let end = ends.peek().map(|Reverse((t, _))| *t);
         let (due, is_end) = match (start, end) {
-            (None, None) if waiting == 0 => break,
-            (None, None) => match answered.recv().await {
-                Some(answer) => {
-                    granted(answer, &mut ends, &mut waiting);
-                    continue;
-                }
-                None => break,
-            },
+            (None, None) => break,
             (Some(s), Some(e)) => (s.min(e), e <= s),
             (Some(s), None) => (s, false),
             (None, Some(e)) => (e, true),
         };
         let at = replay.started + replay.config.real(due);
-        // Wait for the event's time, or for an answer (its end may come first).
-        tokio::select! {
-            biased;
-            Some(answer) = answered.recv() => {
-                granted(answer, &mut ends, &mut waiting);
-                continue;
-            }
-            () = tokio::time::sleep_until(at.into()) => {}
-        }
-        lag = lag.max(Instant::now().saturating_duration_since(at));
-        let sent = Sent {
-            at: replay.trace_now(),
-            seq,
-        };
-        seq += 1;
+        tokio::time::sleep_until(at.into()).await;
         let (replay_, con) = (Arc::clone(replay), con.clone());
         if is_end {
-            let Some(Reverse((_, i, id))) = ends.pop() else {
+            let Some(Reverse((_, i))) = ends.pop() else {
                 continue;
             };
+            let answer = loop {
+                if let Some(answer) = known.remove(&i) {
+                    break answer;
+                }
+                match answered.recv().await {
+                    Some((j, answer)) => {
+                        known.insert(j, answer);
+                    }
+                    None => break None,
+                }
+            };
+            let Some(id) = answer else {
+                continue; // denied: nothing to settle
+            };
+            lag = lag.max(Instant::now().saturating_duration_since(at));
+            let sent = Sent {
+                at: replay.trace_now(),
+                seq,
+            };
+            seq += 1;
             tasks.spawn(async move {
                 if let Err(e) = settle(&replay_, i, id, sent, con).await {
                     replay_.failed.lock().unwrap().get_or_insert(e.to_string());
                 }
             });
         } else {
+            lag = lag.max(Instant::now().saturating_duration_since(at));
+            let sent = Sent {
+                at: replay.trace_now(),
+                seq,
+            };
+            seq += 1;
             let (i, answers) = (next, answers.clone());
+            let r = &replay.requests[i];
+            ends.push(Reverse((r.at_us + replay.config.hold_us(r), i)));
             next += 1;
-            waiting += 1;
             tasks.spawn(async move {
                 let answer = admit(&replay_, i, sent, con).await.unwrap_or_else(|e| {
                     replay_.failed.lock().unwrap().get_or_insert(e.to_string());
@@ -477,7 +477,10 @@ async fn dispatch(replay: &Arc<Replay>, con: &MultiplexedConnection) -> Duration
                 let _ = answers.send((i, answer));
             });
         }
-        // Reap finished tasks as we go (the set would otherwise hold every one).
+        // Take the answers that are in, and reap finished tasks (the set would hold them all).
+        while let Ok((j, answer)) = answered.try_recv() {
+            known.insert(j, answer);
+        }
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
