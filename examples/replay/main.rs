@@ -33,8 +33,10 @@
 //! * **Admission.** `QUOTA.MRESERVE 4 conc rpm tpm budget 1 1 n n` (reservation `n`), then after
 //!   the request's duration `QUOTA.MSETTLE 4 ... id 0 1 a a` (real tokens `a`). On a server
 //!   without the multi-key commands, one call per key (see `quota.rs`).
-//! * **Concurrency.** One task per request on a tokio runtime, started at the request's time, over
-//!   one multiplexed connection: the trace's own concurrency, not a fixed pool.
+//! * **Concurrency.** One dispatcher sends each admission at its request's time and each settle
+//!   at that time plus the request's duration, each as a tokio task over one multiplexed
+//!   connection: as many requests in flight as the trace has at each moment (over 100), and
+//!   Redis sees the commands in the trace's order even when the machine stalls for a moment.
 //! * **Idempotent retries.** `conv-0` and `code-0` use their own ids (`conv-<row>`,
 //!   `code-<row>`) and send every admission and every settle twice, as a client retrying after a
 //!   lost reply: the second admission must return the same id and take nothing more, the second
@@ -49,9 +51,10 @@
 //!
 //! # Settings (environment)
 //!
-//! `SPEED` (default 60), `FIRST_TOKEN_MS` (500), `TOKEN_MS` (30), `TRACE_MINUTES` (replay only the trace's first minutes;
-//! default all), `REPORT` (the SVG's path, default `target/demo-report.svg`), `REDIS_URL` (use that
-//! server, with the module loaded; it overwrites the keys `replay:{<tenant>}:*`). Without
+//! `SPEED` (default 60), `FIRST_TOKEN_MS` (500), `TOKEN_MS` (30), `TRACE_MINUTES` (replay only
+//! the trace's first minutes; default all), `REPORT` (the SVG's path, default
+//! `target/demo-report.svg`), `REDIS_URL` (use that server, with the module loaded; it
+//! overwrites the keys `replay:{<tenant>}:*`). Without
 //! `REDIS_URL` it starts its own `redis-server --port <free port> --loadmodule $QUOTA_MODULE
 //! --save '' --dir <temp dir>` (`QUOTA_MODULE` defaults to `target/release/libredis_quota.so`)
 //! and stops it at the end.
@@ -94,17 +97,19 @@ const ATTRIBUTION: &str = "Data: Azure LLM inference trace 2023 (Azure/AzurePubl
      Patel et al., \"Splitwise: Efficient generative LLM inference using phase splitting\", ISCA 2024.";
 
 /// The run's settings, from the environment.
-struct Config {
+pub struct Config {
     /// Trace time per real time.
-    speed: f64,
+    pub speed: f64,
     /// Trace ms before the first token (prefill and queueing), for every request.
-    first_token_ms: f64,
+    pub first_token_ms: f64,
     /// Trace ms a generated token keeps its request in flight.
-    token_ms: f64,
+    pub token_ms: f64,
     /// Replay only requests in the trace's first minutes.
-    minutes: Option<f64>,
+    pub minutes: Option<f64>,
     /// Where the SVG report goes.
-    report: PathBuf,
+    pub report: PathBuf,
+    /// A running server to use; `None`: start one.
+    pub redis_url: Option<String>,
 }
 
 impl Config {
@@ -128,6 +133,7 @@ impl Config {
             token_ms: number("TOKEN_MS", Some(30.0))?.unwrap_or(30.0),
             minutes: number("TRACE_MINUTES", None)?,
             report,
+            redis_url: std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()),
         })
     }
 
@@ -224,7 +230,7 @@ impl Replay {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    match Config::from_env().and_then(run) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("replay: RECONCILIATION FAILED (see the lines marked MISMATCH above)");
@@ -239,8 +245,7 @@ fn main() -> ExitCode {
 
 /// Loads, provisions, replays, reconciles, reports. `Ok(false)` when a check failed. The
 /// server (when started here) is stopped when this returns, whatever the outcome.
-fn run() -> Result<bool> {
-    let config = Config::from_env()?;
+pub fn run(config: Config) -> Result<bool> {
     let mut requests = trace::load()?;
     if let Some(minutes) = config.minutes {
         let end = (minutes * MINUTE_US as f64) as u64;
@@ -250,9 +255,9 @@ fn run() -> Result<bool> {
         return Err("no request to replay (TRACE_MINUTES too small?)".into());
     }
 
-    let (url, _server, where_) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url.clone(), None, format!("REDIS_URL={url}")),
-        Err(_) => {
+    let (url, _server, where_) = match config.redis_url.clone() {
+        Some(url) => (url.clone(), None, format!("REDIS_URL={url}")),
+        None => {
             let server = server::Server::start(&server::module_path()?)?;
             let url = format!("redis://127.0.0.1:{}/", server.port);
             let where_ = format!(
@@ -590,7 +595,7 @@ async fn settle(
 fn progress_bar(span_us: u64) -> ProgressBar {
     let bar = ProgressBar::new(span_us / 1_000_000);
     bar.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} trace {prefix} {msg}")
+        ProgressStyle::with_template("{bar:24.cyan/blue} trace {prefix} {wide_msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
@@ -612,7 +617,7 @@ async fn tick(replay: Arc<Replay>, bar: ProgressBar) {
             let live = replay.live.lock().unwrap();
             let d = live.denied;
             format!(
-                "| {} requests, {} granted, {} denied (conc {}, RPM {}, TPM {}, budget {}), {} in flight",
+                "| {} requests, {} granted, {} denied (concurrency {}, RPM {}, TPM {}, budget {}) | {} in flight",
                 thousands(live.requests),
                 thousands(live.granted),
                 thousands(d.iter().sum()),
@@ -795,7 +800,7 @@ fn tenant_stats(replay: &Replay, outcomes: &[Outcome]) -> Vec<TenantStats> {
 
 fn print_limits(tenants: &[Tenant]) {
     println!(
-        "{:<8} {:<31} {:>11} {:>11} {:>11} {:>12}   {:>24}",
+        "{:<8} {:<37} {:>11} {:>11} {:>11} {:>12}   {:>24}",
         "tenant", "limits", "concurrency", "RPM", "TPM", "budget", "trace peaks: conc/RPM/TPM"
     );
     for t in tenants {
@@ -806,7 +811,7 @@ fn print_limits(tenants: &[Tenant]) {
             t.plan.to_string()
         };
         println!(
-            "{:<8} {:<31} {:>11} {:>11} {:>11} {:>12}   {:>24}",
+            "{:<8} {:<37} {:>11} {:>11} {:>11} {:>12}   {:>24}",
             t.name,
             plan,
             thousands(l.concurrency),
@@ -1116,16 +1121,22 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
             thousands(replay.requests.len() as u64),
             replay.tenants.len()
         ),
-        subtitle: format!(
-            "x: minutes of trace time from {}; each request admitted {}, held {} ms + GeneratedTokens x {} ms, then settled",
-            &first[..first.len().min(19)],
-            match replay.mode {
-                Mode::Multi => "by one QUOTA.MRESERVE over concurrency, RPM, TPM and budget",
-                Mode::Single => "by one call per limit (concurrency, RPM, TPM, budget)",
-            },
-            replay.config.first_token_ms,
-            replay.config.token_ms
-        ),
+        lines: vec![
+            format!(
+                "Each request: {}; in flight {} ms + {} ms a generated token (trace time); then settled with its real tokens.",
+                match replay.mode {
+                    Mode::Multi => "one QUOTA.MRESERVE over its tenant's concurrency, RPM, TPM and budget",
+                    Mode::Single => "one call per limit (concurrency, RPM, TPM, budget)",
+                },
+                replay.config.first_token_ms,
+                replay.config.token_ms
+            ),
+            format!(
+                "x: minutes of trace time from {}. Blue: admitted (tokens, requests in flight, tokens settled). \
+                 Red: denied. Dashed: the limit.",
+                &first[..first.len().min(19)],
+            ),
+        ],
         attribution: ATTRIBUTION.to_string(),
         minutes: minutes(samples.last().copied().unwrap_or(0)),
         tenants,

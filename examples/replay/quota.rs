@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use crate::Result;
+use super::Result;
 
 /// QUOTA.* commands sent so far (every admission, settle, retry and rollback).
 static COMMANDS: AtomicU64 = AtomicU64::new(0);

@@ -7,13 +7,14 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::quota::Limits;
-use crate::Result;
+use super::quota::Limits;
+use super::Result;
 
 /// Everything the report shows. Series are `(minutes of trace time, value)`.
 pub struct Report {
     pub title: String,
-    pub subtitle: String,
+    /// Lines under the title: how the replay ran, and how to read the charts.
+    pub lines: Vec<String>,
     pub attribution: String,
     /// The x axis' end, in trace minutes.
     pub minutes: f64,
@@ -37,11 +38,12 @@ pub struct TenantSeries {
     pub used: Vec<(f64, f64)>,
 }
 
-const WIDTH: u32 = 1600;
-const ROW: u32 = 230;
-const HEADER: u32 = 86;
-const FOOTER: u32 = 34;
-const LABELS: u32 = 230;
+// Sized to stay legible when a README shows it scaled down to ~900 px wide.
+const WIDTH: u32 = 1300;
+const ROW: u32 = 250;
+const HEADER: u32 = 104;
+const FOOTER: u32 = 40;
+const LABELS: u32 = 220;
 const FONT: &str = "sans-serif";
 const ADMITTED: RGBColor = RGBColor(31, 119, 180);
 const DENIED: RGBColor = RGBColor(214, 39, 40);
@@ -71,24 +73,20 @@ fn draw(path: &Path, report: &Report) -> std::result::Result<(), Box<dyn std::er
 
     header.draw_text(
         &report.title,
-        &(FONT, 22).into_font().color(&BLACK),
-        (16, 12),
+        &(FONT, 28).into_font().color(&BLACK),
+        (14, 10),
     )?;
-    header.draw_text(
-        &report.subtitle,
-        &(FONT, 14).into_font().color(&BLACK),
-        (16, 42),
-    )?;
-    header.draw_text(
-        "blue: admitted (real tokens, or requests in flight, or tokens settled); red: denied \
-         (real tokens of the requests turned away); dashed: the limit",
-        &(FONT, 14).into_font().color(&RGBColor(90, 90, 90)),
-        (16, 62),
-    )?;
+    for (i, line) in report.lines.iter().enumerate() {
+        header.draw_text(
+            line,
+            &(FONT, 16).into_font().color(&RGBColor(60, 60, 60)),
+            (14, 50 + 24 * i as i32),
+        )?;
+    }
     footer.draw_text(
         &report.attribution,
-        &(FONT, 13).into_font().color(&RGBColor(90, 90, 90)),
-        (16, 10),
+        &(FONT, 16).into_font().color(&RGBColor(90, 90, 90)),
+        (14, 12),
     )?;
 
     for (area, tenant) in body
@@ -179,13 +177,13 @@ fn new_chart<'a>(
     let mut chart = ChartBuilder::on(area)
         .caption(
             format!("{what} — {limit_name} {}", short(limit as f64)),
-            (FONT, 14),
+            (FONT, 19),
         )
         .margin_top(4)
-        .margin_right(14)
+        .margin_right(26)
         .margin_bottom(2)
-        .x_label_area_size(22)
-        .y_label_area_size(50)
+        .x_label_area_size(28)
+        .y_label_area_size(58)
         .build_cartesian_2d(x, 0.0..top)?;
     chart
         .configure_mesh()
@@ -195,7 +193,7 @@ fn new_chart<'a>(
         .y_labels(5)
         .x_label_formatter(&|m| format!("{m:.0} min"))
         .y_label_formatter(&|v| short(*v))
-        .label_style((FONT, 11))
+        .label_style((FONT, 16))
         .draw()?;
     Ok(chart)
 }
@@ -221,24 +219,23 @@ fn draw_labels(
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     area.draw_text(
         &tenant.name,
-        &(FONT, 20).into_font().color(&BLACK),
-        (16, 24),
+        &(FONT, 28).into_font().color(&BLACK),
+        (14, 26),
     )?;
-    area.draw_text(
-        &tenant.plan,
-        &(FONT, 13).into_font().color(&RGBColor(60, 60, 60)),
-        (16, 54),
-    )?;
-    for (i, line) in tenant.lines.iter().enumerate() {
-        let color = if line.starts_with("denied") && !line.ends_with("none") {
-            DENIED
-        } else {
-            RGBColor(40, 40, 40)
-        };
+    // The plan, one clause a line (the column is narrow), then the counts.
+    let plan = tenant.plan.split("; ").map(|l| (l, RGBColor(60, 60, 60)));
+    let counts = tenant.lines.iter().map(|l| {
+        let denied = l.starts_with("denied") && !l.ends_with("none");
+        (
+            l.as_str(),
+            if denied { DENIED } else { RGBColor(30, 30, 30) },
+        )
+    });
+    for (i, (line, color)) in plan.chain(counts).enumerate() {
         area.draw_text(
             line,
-            &(FONT, 13).into_font().color(&color),
-            (16, 80 + 19 * i as i32),
+            &(FONT, 17).into_font().color(&color),
+            (14, 64 + 22 * i as i32),
         )?;
     }
     Ok(())

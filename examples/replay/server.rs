@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::Result;
+use super::Result;
 
 /// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
 /// to `--dir` before loading modules).

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::{Result, TENANTS_PER_SERVICE};
+use super::{Result, TENANTS_PER_SERVICE};
 
 /// The trace, shipped with the example (never read from outside the repository).
 const DATA_DIR: &str = concat!(
