@@ -28,11 +28,16 @@ fn a_short_replay_reconciles_and_writes_its_report() {
         report: report.clone(),
         redis_url: None,
     };
-    let reconciled = replay::run(config).expect("the replay runs");
+    let finished = replay::run(config).expect("the replay runs");
     assert!(
-        reconciled,
+        finished.reconciled,
         "the replay's reconciliation failed (see its output)"
     );
+    // The module under test has the multi-key commands, and the first two minutes already
+    // deny conv-2 for concurrency and conv-3 for its budget.
+    assert_eq!(finished.mode, replay::quota::Mode::Multi);
+    let [concurrency, _rpm, _tpm, budget] = finished.denied;
+    assert!(concurrency > 0 && budget > 0, "{:?}", finished.denied);
     let svg = std::fs::read_to_string(&report).expect("the report is written");
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
     for tenant in [

@@ -68,7 +68,7 @@
     clippy::panic
 )]
 
-mod quota;
+pub mod quota;
 mod report;
 mod server;
 mod trace;
@@ -231,8 +231,10 @@ impl Replay {
 
 fn main() -> ExitCode {
     match Config::from_env().and_then(run) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
+        Ok(Finished {
+            reconciled: true, ..
+        }) => ExitCode::SUCCESS,
+        Ok(_) => {
             eprintln!("replay: RECONCILIATION FAILED (see the lines marked MISMATCH above)");
             ExitCode::FAILURE
         }
@@ -243,9 +245,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// Loads, provisions, replays, reconciles, reports. `Ok(false)` when a check failed. The
-/// server (when started here) is stopped when this returns, whatever the outcome.
-pub fn run(config: Config) -> Result<bool> {
+/// How a replay ended.
+pub struct Finished {
+    /// Every check passed.
+    pub reconciled: bool,
+    /// The commands it used.
+    pub mode: Mode,
+    /// Denials over all tenants, by limit (in [`Limit::ALL`] order).
+    pub denied: [u64; 4],
+}
+
+/// Loads, provisions, replays, reconciles, reports. `reconciled` is false when a check failed.
+/// The server (when started here) is stopped when this returns, whatever the outcome.
+pub fn run(config: Config) -> Result<Finished> {
     let mut requests = trace::load()?;
     if let Some(minutes) = config.minutes {
         let end = (minutes * MINUTE_US as f64) as u64;
@@ -274,7 +286,12 @@ pub fn run(config: Config) -> Result<bool> {
     runtime.block_on(replay(config, requests, &url, &where_))
 }
 
-async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str) -> Result<bool> {
+async fn replay(
+    config: Config,
+    requests: Vec<Request>,
+    url: &str,
+    where_: &str,
+) -> Result<Finished> {
     let client = redis::Client::open(url).map_err(|e| format!("invalid Redis URL {url:?}: {e}"))?;
     // The default response timeout (500 ms) is for latency-sensitive services; a demo on a
     // busy machine waits.
@@ -400,7 +417,17 @@ async fn replay(config: Config, requests: Vec<Request>, url: &str, where_: &str)
     report::write_svg(&replay.config.report, &data)?;
     println!("report: {}", replay.config.report.display());
     println!("{ATTRIBUTION}");
-    Ok(ok)
+    let mut denied = [0; 4];
+    for s in &stats {
+        for (a, b) in denied.iter_mut().zip(s.denied) {
+            *a += b;
+        }
+    }
+    Ok(Finished {
+        reconciled: ok,
+        mode: replay.mode,
+        denied,
+    })
 }
 
 /// Sends every admission and every settle in the trace's order: an admission at its request's
