@@ -1159,7 +1159,7 @@ fn report_data(replay: &Replay, outcomes: &[Outcome], stats: &[TenantStats]) -> 
                 replay.config.token_ms
             ),
             format!(
-                "x: minutes of trace time from {}. Blue: admitted (tokens, requests in flight, tokens settled). \
+                "x: minutes of trace time since {}. Blue: admitted (tokens, requests in flight, tokens settled). \
                  Red: denied. Dashed: the limit.",
                 &first[..first.len().min(19)],
             ),

@@ -189,9 +189,9 @@ fn new_chart<'a>(
         .configure_mesh()
         .bold_line_style(GRID)
         .light_line_style(WHITE)
-        .x_labels(8)
+        .x_labels(7)
         .y_labels(5)
-        .x_label_formatter(&|m| format!("{m:.0} min"))
+        .x_label_formatter(&|m| format!("{m:.0}"))
         .y_label_formatter(&|v| short(*v))
         .label_style((FONT, 16))
         .draw()?;
