@@ -143,35 +143,35 @@ borrowed_args_command!(cmd_mrollback, shell::multi_cmds::quota_mrollback);
 borrowed_args_command!(cmd_mextend, shell::multi_cmds::quota_mextend);
 
 /// The multi-key commands (`numkeys key [key ...] ...`): created without legacy key positions,
-/// then given a keynum key spec ([`shell::key_specs`]).
+/// with `getkeys-api` (cluster routing on 7.0) and a keynum key spec ([`shell::key_specs`]).
 const MULTI_COMMANDS: [shell::command::Spec; 4] = {
     use shell::command::Spec;
     [
         Spec {
             name: c"QUOTA.MRESERVE",
             func: Some(cmd_mreserve),
-            flags: c"write deny-oom fast",
+            flags: c"write deny-oom fast getkeys-api",
             keys: (0, 0, 0),
             acl: c"write fast",
         },
         Spec {
             name: c"QUOTA.MSETTLE",
             func: Some(cmd_msettle),
-            flags: c"write fast",
+            flags: c"write fast getkeys-api",
             keys: (0, 0, 0),
             acl: c"write fast",
         },
         Spec {
             name: c"QUOTA.MROLLBACK",
             func: Some(cmd_mrollback),
-            flags: c"write fast",
+            flags: c"write fast getkeys-api",
             keys: (0, 0, 0),
             acl: c"write fast",
         },
         Spec {
             name: c"QUOTA.MEXTEND",
             func: Some(cmd_mextend),
-            flags: c"write fast",
+            flags: c"write fast getkeys-api",
             keys: (0, 0, 0),
             acl: c"write fast",
         },

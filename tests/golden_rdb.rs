@@ -339,7 +339,7 @@ fn window_v2_commands() -> Vec<Vec<String>> {
 }
 
 /// window-v2.rdb: window encoding 2 (a stored configuration and remembered ids), written by a
-/// debug build at commit 5524e8e with `quota.test-clock yes` from [`window_v2_commands`],
+/// debug build of the commit that added it, with `quota.test-clock yes`, from [`window_v2_commands`],
 /// then `SAVE` (redis-server --dir DIR --save '' --loadmodule libredis_quota.so test-clock yes;
 /// DIR/dump.rdb copied here). Loads to exactly the state the same commands reach now, and the
 /// ids still settle.

@@ -930,3 +930,308 @@ fn the_sweeper_forgets_window_ids_whose_bucket_left_the_window() {
     assert_eq!(digest(&mut m, "w"), digest(&mut r, "w"));
     assert_eq!(info(&mut r, "w")["remembered_ids"], 0);
 }
+
+fn used_memory(c: &mut redis::Connection) -> i64 {
+    info_section(c, "memory")["used_memory"]
+}
+
+/// MEMORY USAGE of a window key holding 20 000 remembered ids (client ids of 16 bytes) is
+/// within 10 % of what deleting it gives back, and the ids cost at most 100 bytes each.
+#[test]
+fn memory_usage_of_remembered_ids_is_within_10_percent() {
+    let s = server();
+    let key = "w";
+    let n = 20_000usize;
+    {
+        let mut c = s.conn();
+        oka(
+            &mut c,
+            0,
+            &[
+                "QUOTA.SET",
+                key,
+                "WINDOW",
+                "1000000000",
+                "600000",
+                "PRECISION",
+                "10000",
+            ],
+        );
+        let empty = int(&ok(&mut c, &["MEMORY", "USAGE", key]));
+        let mut pipe = redis::pipe();
+        for i in 0..n {
+            pipe.cmd("QUOTA.MRESERVE")
+                .arg(1)
+                .arg(key)
+                .arg(1)
+                .arg("ID")
+                .arg(format!("request-{i:08}"))
+                .arg("AT")
+                .arg(at(i as i64));
+        }
+        let replies: Vec<Value> = pipe.query(&mut c).unwrap();
+        assert!(replies.iter().all(|r| int(&items(r)[0]) == 1));
+        assert_eq!(
+            info_at(&mut c, key, T0 + n as i64)["remembered_ids"],
+            n as i64
+        );
+        let full = int(&ok(&mut c, &["MEMORY", "USAGE", key]));
+        let per_id = (full - empty) / n as i64;
+        eprintln!("MEMORY USAGE {full} B, {per_id} B per remembered id");
+        assert!(per_id <= 100, "{per_id} bytes per id");
+    }
+    // A fresh connection: the pipelining client's buffers would move used_memory meanwhile.
+    std::thread::sleep(Duration::from_millis(50));
+    let c = &mut s.conn();
+    let mut last = used_memory(c);
+    for _ in 0..10 {
+        let now = used_memory(c);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let reported = int(&ok(c, &["MEMORY", "USAGE", key]));
+    let before = used_memory(c);
+    ok(c, &["DEL", key]);
+    let freed = before - used_memory(c);
+    let ratio = reported as f64 / freed as f64;
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "MEMORY USAGE {reported} vs freed {freed}"
+    );
+}
+
+/// A key deleted or replaced between reserve and settle (the documented behaviour): a missing
+/// key is NOQUOTA and nothing changes anywhere; a replaced budget does not know the id
+/// (NORESERVATION); a replaced window key skips it.
+#[test]
+fn deleted_or_replaced_keys_between_reserve_and_settle() {
+    let s = server();
+    let mut c = s.conn();
+    setup(&mut c);
+    mreserve(&mut c, 0, [5, 5, 5, 1, 5, 1], Some("d"));
+    ok(&mut c, &["DEL", KEYS[1]]);
+    let before = digests(&mut c);
+    let (code, _) = erra(
+        &mut c,
+        1,
+        &[
+            "QUOTA.MSETTLE",
+            "3",
+            KEYS[0],
+            KEYS[1],
+            KEYS[4],
+            "d",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(code, "NOQUOTA");
+    assert_eq!(before, digests(&mut c));
+    // Replaced: a new budget and a new window key at the same names.
+    oka(&mut c, 1, &["QUOTA.SET", KEYS[1], "LIMIT", "50000"]);
+    ok(&mut c, &["DEL", KEYS[4]]);
+    oka(
+        &mut c,
+        1,
+        &[
+            "QUOTA.SET",
+            KEYS[4],
+            "WINDOW",
+            "5000",
+            "60000",
+            "PRECISION",
+            "1000",
+        ],
+    );
+    let before = digests(&mut c);
+    let (code, _) = erra(
+        &mut c,
+        2,
+        &[
+            "QUOTA.MSETTLE",
+            "3",
+            KEYS[0],
+            KEYS[1],
+            KEYS[4],
+            "d",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(code, "NORESERVATION");
+    assert_eq!(before, digests(&mut c));
+    // Without the replaced budget: the window skips, the others settle.
+    let r = items(&oka(
+        &mut c,
+        2,
+        &[
+            "QUOTA.MSETTLE",
+            "3",
+            KEYS[0],
+            KEYS[4],
+            KEYS[5],
+            "d",
+            "1",
+            "1",
+            "0",
+        ],
+    ));
+    let statuses: Vec<String> = r.iter().map(|v| text(&items(v)[0])).collect();
+    assert_eq!(statuses, ["settled", "skipped", "settled"]);
+}
+
+/// The keyspace events of each key, and the cap on a window's remembered ids
+/// (`quota.max-pending`, LIMIT, nothing changes).
+#[test]
+fn events_per_key_and_the_cap_on_remembered_ids() {
+    let s = server();
+    let mut c = s.conn();
+    ok(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Kd"]);
+    let mut sub = s.conn();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    oka(&mut c, 0, &["QUOTA.SET", "b", "LIMIT", "100"]);
+    oka(&mut c, 0, &["QUOTA.SET", "w", "WINDOW", "100", "60000"]);
+    oka(
+        &mut c,
+        1,
+        &["QUOTA.MRESERVE", "2", "b", "w", "5", "5", "ID", "e"],
+    );
+    oka(&mut c, 2, &["QUOTA.MSETTLE", "2", "b", "w", "e", "3", "3"]);
+    oka(
+        &mut c,
+        3,
+        &["QUOTA.MRESERVE", "2", "b", "w", "1", "1", "ID", "f"],
+    );
+    oka(&mut c, 4, &["QUOTA.MROLLBACK", "2", "b", "w", "f"]);
+    // A denial publishes nothing.
+    oka(&mut c, 5, &["QUOTA.MRESERVE", "2", "b", "w", "1", "1000"]);
+    ok(&mut c, &["PUBLISH", "__keyspace@0__:end", "end"]);
+    let mut got = Vec::new();
+    loop {
+        let m = pubsub.get_message().unwrap();
+        let payload: String = m.get_payload().unwrap();
+        if payload == "end" {
+            break;
+        }
+        let key = m
+            .get_channel_name()
+            .trim_start_matches("__keyspace@0__:")
+            .to_string();
+        got.push(format!("{key} {payload}"));
+    }
+    assert_eq!(
+        got,
+        [
+            "b quota.set",
+            "w quota.set",
+            "b quota.reserve",
+            "w quota.window",
+            "b quota.settle",
+            "w quota.settle",
+            "b quota.reserve",
+            "w quota.window",
+            "b quota.rollback",
+            "w quota.rollback",
+        ]
+    );
+    drop(pubsub);
+    // The cap: 3 ids per key (finished ids still in the window count: e and f are held).
+    ok(&mut c, &["CONFIG", "SET", "quota.max-pending", "3"]);
+    oka(&mut c, 6, &["QUOTA.MRESERVE", "1", "w", "1", "ID", "g"]);
+    let before = digest(&mut c, "w");
+    let (code, _) = erra(&mut c, 7, &["QUOTA.MRESERVE", "1", "w", "1", "ID", "h"]);
+    assert_eq!(code, "LIMIT");
+    assert_eq!(before, digest(&mut c, "w"));
+}
+
+/// On a (one-node) cluster the key spec routes the multi-key commands: keys in different
+/// slots are CROSSSLOT, keys sharing the tenant's hash tag run.
+#[test]
+fn cluster_refuses_cross_slot_and_runs_one_tenant() {
+    let s = Server::start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ]);
+    let mut c = s.conn();
+    ok(&mut c, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+    let mut up = false;
+    for _ in 0..200 {
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
+        if info.contains("cluster_state:ok") {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(up, "cluster did not come up");
+    ok(
+        &mut c,
+        &["QUOTA.SET", "quota:{t_1001}:key:k9:day", "LIMIT", "100"],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "quota:{t_1001}:rpm", "WINDOW", "10", "60000"],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "quota:{t_2002}:rpm", "WINDOW", "10", "60000"],
+    );
+    let r = ok(
+        &mut c,
+        &[
+            "QUOTA.MRESERVE",
+            "2",
+            "quota:{t_1001}:key:k9:day",
+            "quota:{t_1001}:rpm",
+            "5",
+            "1",
+        ],
+    );
+    assert_eq!(int(&items(&r)[0]), 1);
+    for args in [
+        vec![
+            "QUOTA.MRESERVE",
+            "2",
+            "quota:{t_1001}:key:k9:day",
+            "quota:{t_2002}:rpm",
+            "5",
+            "1",
+        ],
+        vec![
+            "QUOTA.MSETTLE",
+            "2",
+            "quota:{t_1001}:key:k9:day",
+            "quota:{t_2002}:rpm",
+            "x",
+            "1",
+            "1",
+        ],
+        vec![
+            "QUOTA.MROLLBACK",
+            "2",
+            "quota:{t_1001}:key:k9:day",
+            "quota:{t_2002}:rpm",
+            "x",
+        ],
+        vec![
+            "QUOTA.MEXTEND",
+            "2",
+            "quota:{t_1001}:key:k9:day",
+            "quota:{t_2002}:rpm",
+            "x",
+            "10",
+        ],
+    ] {
+        assert_eq!(err(&mut c, &args).0, "CROSSSLOT", "{args:?}");
+    }
+}

@@ -1006,7 +1006,6 @@ impl Window {
                 Entry {
                     index: counted_at,
                     counted: params.cost,
-                    amount: params.cost,
                     status: IdStatus::Pending,
                 },
             );
@@ -1061,12 +1060,12 @@ impl Window {
         &mut self.extras_mut().ids
     }
 
-    /// Heap bytes of the boxed configuration and ids (an estimate for the ids, see
-    /// [`Remembered::heap_bytes`]), for MEMORY USAGE: the box's size, the ids' nodes.
-    pub fn extras_allocations(&self) -> (usize, usize) {
+    /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
+    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
         match &self.extras {
-            Some(e) => (std::mem::size_of::<Extras>(), e.ids.heap_bytes()),
-            None => (0, 0),
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            None => (0, (0, 0, 0)),
         }
     }
 
@@ -1144,7 +1143,7 @@ impl Window {
     ) -> Result<IdPlan, LedgerError> {
         let cfg = *self.config().ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
         match self.id_entry(id, now_ms) {
-            Some(e) if e.status == IdStatus::Pending && e.amount == cost => {
+            Some(e) if e.status == IdStatus::Pending && e.counted == cost => {
                 return Ok(IdPlan::Retried)
             }
             Some(e) if e.status == IdStatus::Pending => {
@@ -1471,10 +1470,12 @@ impl Window {
             if id.is_empty() || e.index < first || e.index > newest {
                 return Err(WindowError::Corrupt("remembered id outside the window"));
             }
+            if checked.is_some_and(|c| c > e.index) {
+                return Err(WindowError::Corrupt("remembered ids out of order"));
+            }
             let ok = match e.status {
-                IdStatus::Pending => e.counted == e.amount && e.amount >= 0,
-                IdStatus::Settled => e.counted >= 0 && e.amount >= 0,
-                IdStatus::RolledBack => e.counted == 0 && e.amount >= 0,
+                IdStatus::Pending | IdStatus::Settled => e.counted >= 0,
+                IdStatus::RolledBack => e.counted == 0,
             };
             if !ok {
                 return Err(WindowError::Corrupt("remembered id amount"));
@@ -2654,5 +2655,152 @@ mod tests {
                 let _ = w.validate();
             }
         }
+    }
+
+    fn configured(limit: i64, window_ms: i64, precision_ms: i64, now: i64) -> Window {
+        let cfg = WindowConfig::parse(limit, window_ms, Some(precision_ms)).unwrap();
+        let mut w = Window::new(&cfg.params(0), now);
+        w.apply(now, &WindowEffect::Configure(cfg)).unwrap();
+        w
+    }
+
+    fn count_id(w: &mut Window, now: i64, id: &[u8], cost: i64) {
+        let cfg = *w.config().unwrap();
+        let plan = w.plan_id_reserve(now, id, cost, i64::MAX).unwrap();
+        assert!(matches!(plan, IdPlan::Grant(_)), "{plan:?}");
+        w.apply(
+            now,
+            &WindowEffect::Count {
+                window_ms: cfg.window_ms,
+                precision_ms: cfg.precision_ms,
+                cost,
+                id: Some(id.into()),
+            },
+        )
+        .unwrap();
+    }
+
+    /// Ids follow their buckets through a precision change (the rule of `rebucketed`), so a
+    /// later correction lands in the bucket that holds the amount; counts stay consistent.
+    #[test]
+    fn ids_follow_their_buckets_through_a_precision_change() {
+        let mut w = configured(1000, 60_000, 1000, 10_000);
+        count_id(&mut w, 10_100, b"a", 300);
+        count_id(&mut w, 11_500, b"b", 200);
+        count_id(&mut w, 11_700, b"c", 50);
+        assert_eq!(w.remembered().get(b"b").unwrap().index, 11);
+        // Precision 10 s: buckets 10 and 11 (ms up to 11 999, clamped to last_ms 11 700) both
+        // move into bucket 1.
+        let coarse = WindowConfig::parse(1000, 60_000, Some(10_000)).unwrap();
+        w.apply(12_000, &WindowEffect::Configure(coarse)).unwrap();
+        w.validate().unwrap();
+        assert!(w.remembered().iter().all(|(_, e)| e.index == 1));
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 550);
+        // b settles with 20: 180 given back, in bucket 1.
+        assert_eq!(
+            w.plan_id_settle(12_000, b"b", 20).unwrap(),
+            IdPlan::Corrected { delta: -180 }
+        );
+        w.apply(
+            12_000,
+            &WindowEffect::Settle {
+                id: b"b"[..].into(),
+                actual: 20,
+            },
+        )
+        .unwrap();
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 370);
+        // a and c rolled back: the bucket empties and is removed; a settle of a is a conflict.
+        for id in [&b"a"[..], b"c"] {
+            w.apply(12_000, &WindowEffect::Rollback { id: id.into() })
+                .unwrap();
+        }
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 20);
+        assert!(matches!(
+            w.plan_id_settle(12_000, b"a", 1),
+            Err(LedgerError::Conflict { .. })
+        ));
+        assert_eq!(w.plan_id_rollback(12_000, b"a").unwrap(), IdPlan::Duplicate);
+        w.validate().unwrap();
+        // A correction up into an emptied bucket inserts it again (counted 0 -> 5).
+        let mut v = configured(100, 1000, 10, 0);
+        count_id(&mut v, 5, b"z", 0);
+        assert_eq!(v.bucket_count(), 0);
+        v.apply(
+            6,
+            &WindowEffect::Settle {
+                id: b"z"[..].into(),
+                actual: 5,
+            },
+        )
+        .unwrap();
+        assert_eq!(v.bucket_count(), 1);
+        assert_eq!(v.counted(&v.config().unwrap().params(0), 6).unwrap(), 5);
+        v.validate().unwrap();
+        // Once the bucket has left the window the id is gone: skipped, and a record forgets it.
+        assert!(matches!(
+            v.plan_id_settle(1008, b"z", 9),
+            Err(LedgerError::Conflict { .. })
+        ));
+        assert_eq!(v.stale_ids(1008), 0);
+        assert_eq!(v.plan_id_settle(1009, b"z", 9).unwrap(), IdPlan::Skipped);
+        assert_eq!(v.stale_ids(1009), 1);
+        assert_eq!(v.ids_due_ms(), Some(1009));
+        v.apply(1009, &WindowEffect::Forget).unwrap();
+        assert!(v.remembered().is_empty());
+    }
+
+    /// A loaded value whose ids break an invariant is refused.
+    #[test]
+    fn corrupt_ids_are_refused() {
+        let mut w = configured(100, 1000, 10, 0);
+        count_id(&mut w, 5, b"a", 3);
+        w.validate().unwrap();
+        let with = |entry: Entry| {
+            let mut ids = Remembered::default();
+            ids.put(b"a", entry);
+            w.clone().with_extras(w.config().copied(), ids)
+        };
+        let ok = Entry {
+            index: 0,
+            counted: 3,
+            status: IdStatus::Pending,
+        };
+        with(ok).validate().unwrap();
+        for bad in [
+            Entry { counted: 4, ..ok },
+            Entry { index: 1, ..ok },
+            Entry { index: -200, ..ok },
+            Entry { counted: -1, ..ok },
+            Entry {
+                status: IdStatus::RolledBack,
+                ..ok
+            },
+        ] {
+            assert!(with(bad).validate().is_err(), "{bad:?}");
+        }
+        // A record refused by an overflow is refused at planning, before anything changes.
+        let mut big = configured(i64::MAX, 1000, 10, 0);
+        count_id(&mut big, 5, b"x", i64::MAX - 1);
+        assert_eq!(
+            big.plan_id_settle(6, b"x", i64::MAX).unwrap(),
+            IdPlan::Corrected { delta: 1 }
+        );
+        let mut other = big.clone();
+        other
+            .apply(
+                6,
+                &WindowEffect::Count {
+                    window_ms: 1000,
+                    precision_ms: 10,
+                    cost: 1,
+                    id: None,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            other.plan_id_settle(6, b"x", i64::MAX),
+            Err(LedgerError::Overflow)
+        );
     }
 }

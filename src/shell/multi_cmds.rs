@@ -26,7 +26,7 @@ use crate::shell::key::ModuleKey;
 use crate::shell::reply::error_reply;
 use crate::shell::window_cmds::no_window_config;
 use crate::shell::window_type::WINDOW_TYPE;
-use crate::shell::{clock, config, stats, window_effects};
+use crate::shell::{clock, config, key_specs, stats, window_effects};
 
 /// Most keys one multi-key command names (`numkeys`).
 pub const MAX_KEYS: usize = 16;
@@ -102,15 +102,13 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<Vec<Opened<'
                 Err(_) => Err(RedisError::WrongType),
             },
         };
-        opened.push(Opened {
-            name,
-            key,
-            kind: Kind::Budget,
-        });
-        match (kind, opened.last_mut()) {
-            (Ok(kind), Some(o)) => o.kind = kind,
-            (Err(e), _) => return Err(abort(&mut opened, e)),
-            (Ok(_), None) => {}
+        match kind {
+            Ok(kind) => opened.push(Opened { name, key, kind }),
+            Err(e) => {
+                let mut key = key;
+                key.unchanged();
+                return Err(abort(&mut opened, e));
+            }
         }
     }
     Ok(opened)
@@ -202,6 +200,9 @@ fn apply_all(
 /// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [AT ms]`
 /// → `[granted, id|nil, denied_index, retry_after_ms, [value per key]]`.
 pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
     let mut a = Args::new(args, 3)?;
     let names = parse_keys(&mut a)?;
     let mut amounts = Vec::with_capacity(names.len());
@@ -311,6 +312,9 @@ fn apply_outcomes(
 /// `QUOTA.MSETTLE numkeys key [key ...] id actual [actual ...] [AT ms]`
 /// → one `[status, charged, value]` per key.
 pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
     let mut a = Args::new(args, 4)?;
     let names = parse_keys(&mut a)?;
     let id = a.next_bytes()?;
@@ -331,6 +335,9 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
 
 /// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
 pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
     let mut a = Args::new(args, 3)?;
     let names = parse_keys(&mut a)?;
     let id = a.next_bytes()?;
@@ -348,6 +355,9 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
 /// `ttl_ms` (as QUOTA.EXTEND's), nil for a window key (nothing to extend).
 pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
     let mut a = Args::new(args, 4)?;
     let names = parse_keys(&mut a)?;
     let id = a.next_bytes()?;

@@ -16,7 +16,7 @@ use crate::core::window::{Window, WindowConfig};
 /// Encoding version of window values written by this build.
 pub const WINDOW_ENCVER: i32 = 2;
 
-/// Version 2: the v1 fields, the configuration, the ids in id order.
+/// Version 2: the v1 fields, the configuration, the ids in bucket order (then arrival).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct WindowV2 {
     window: Window,
@@ -25,10 +25,10 @@ struct WindowV2 {
     ids: Vec<IdV2>,
 }
 
-/// One remembered id: bytes, bucket index, counted, amount, status code (0 pending, 1
-/// settled, 2 rolled back).
+/// One remembered id: bytes, bucket index, counted, status code (0 pending, 1 settled, 2
+/// rolled back).
 #[derive(serde::Serialize, serde::Deserialize)]
-struct IdV2(Vec<u8>, i64, i64, i64, u8);
+struct IdV2(Vec<u8>, i64, i64, u8);
 
 /// Encodes a window at the current encoding version.
 pub fn encode_window(w: &Window) -> Vec<u8> {
@@ -38,7 +38,7 @@ pub fn encode_window(w: &Window) -> Vec<u8> {
         ids: w
             .remembered()
             .iter()
-            .map(|(id, e)| IdV2(id.to_vec(), e.index, e.counted, e.amount, e.status.code()))
+            .map(|(id, e)| IdV2(id.to_vec(), e.index, e.counted, e.status.code()))
             .collect(),
     };
     // Plain integers and bounded sequences: cannot exceed the limit; an empty buffer would
@@ -76,11 +76,13 @@ fn decode_v2(bytes: &[u8]) -> Result<Window, DecodeError> {
         None => None,
     };
     let mut ids = Remembered::default();
-    let mut previous: Option<Vec<u8>> = None;
-    for IdV2(id, index, counted, amount, code) in v2.ids {
-        // Strictly increasing: unique ids, in the one order encoding writes.
-        if previous.as_ref().is_some_and(|p| *p >= id) {
-            return Err(DecodeError::invalid("remembered ids out of order"));
+    let mut previous: Option<i64> = None;
+    for IdV2(id, index, counted, code) in v2.ids {
+        // In bucket order, each id once: the one order encoding writes.
+        if previous.is_some_and(|p| p > index) || ids.get(&id).is_some() {
+            return Err(DecodeError::invalid(
+                "remembered ids out of order or repeated",
+            ));
         }
         let status = IdStatus::from_code(code)
             .ok_or_else(|| DecodeError::invalid("remembered id status"))?;
@@ -89,11 +91,10 @@ fn decode_v2(bytes: &[u8]) -> Result<Window, DecodeError> {
             Entry {
                 index,
                 counted,
-                amount,
                 status,
             },
         );
-        previous = Some(id);
+        previous = Some(index);
     }
     let w = v2.window.with_extras(config, ids);
     w.validate().map_err(DecodeError::invalid)?;
@@ -153,10 +154,10 @@ mod tests {
         assert_eq!(back, w);
         assert_eq!(back.remembered().len(), 2);
         // After the v1 fields: Some((100, 1000, 10)), then 2 ids (bytes, index 600, counted,
-        // amount, status): ("a", 600, 5, 5, pending), ("b", 600, 3, 7, settled).
+        // status): ("a", 600, 5, pending), ("b", 600, 3, settled).
         let tail: &[u8] = &[
-            0x01, 0xc8, 0xfb, 0xd0, 0x07, 0x14, 0x02, 0x01, 0x61, 0xfb, 0xb0, 0x04, 0x0a, 0x0a,
-            0x00, 0x01, 0x62, 0xfb, 0xb0, 0x04, 0x06, 0x0e, 0x01,
+            0x01, 0xc8, 0xfb, 0xd0, 0x07, 0x14, 0x02, 0x01, 0x61, 0xfb, 0xb0, 0x04, 0x0a, 0x00,
+            0x01, 0x62, 0xfb, 0xb0, 0x04, 0x06, 0x01,
         ];
         assert!(bytes.ends_with(tail), "{bytes:02x?}");
         for cut in 0..bytes.len() {
