@@ -5,9 +5,9 @@
 //! Every command opens all its keys once, writable, and plans on all of them before changing
 //! anything. An error or a denial on any key changes nothing anywhere: every key is declared
 //! unchanged, so nothing is written, signalled, published or replicated. Otherwise each key's
-//! effects are applied in key order and replicated as that key's `QUOTA.APPLY` (budgets) or
-//! `QUOTA.WAPPLY` (windows), which Redis wraps in one MULTI/EXEC: replicas and the AOF apply
-//! them together, with the master's time and id.
+//! effects are applied in key order and replicated together as one `QUOTA.MAPPLY` (each key's
+//! line as its `QUOTA.APPLY` or `QUOTA.WAPPLY` would carry it, [`crate::shell::mapply`]):
+//! replicas and the AOF apply them together, with the master's time and id.
 //!
 //! A key deleted between reserve and settle is an error (`NOQUOTA`; nothing changes: settle the
 //! other keys with a shorter list); a budget replaced by a new one does not know the id
@@ -18,11 +18,12 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::core::ledger::Budget;
 use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
 use crate::core::window::Window;
-use crate::shell::apply::apply_and_propagate;
+use crate::shell::apply::{apply_counted, releases};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
+use crate::shell::mapply::Batch;
 use crate::shell::reply::error_reply;
 use crate::shell::window_cmds::no_window_config;
 use crate::shell::window_type::WINDOW_TYPE;
@@ -161,36 +162,49 @@ fn plan_on<T>(
     planned.map_err(|e| abort(opened, e))
 }
 
-/// Applies every key's planned effects (keys with none are declared unchanged) and returns the
-/// value of each key afterwards. The plans were made on these very values, so an effect that
-/// does not apply is a bug; it is reported as the error, what was applied before it stays (and
-/// is replicated), as for `QUOTA.APPLY`.
-fn apply_all(
+/// Applies every key's planned effects (keys with none are declared unchanged), replicates
+/// what was applied as one `QUOTA.MAPPLY` ([`crate::shell::mapply`]), and returns the value
+/// of each key afterwards. The plans were made on these very values, so an effect that does
+/// not apply is a bug; it is reported as the error, what was applied before it stays (and is
+/// replicated), as for `QUOTA.APPLY`.
+fn apply_all<'a>(
     ctx: &Context,
-    opened: &mut [Opened],
+    opened: &mut [Opened<'a>],
     planned: &[KeyEffects],
     wall: i64,
 ) -> Result<Vec<i64>, RedisError> {
     let mut failed = None;
+    let mut batch = Batch::with_keys(opened.len());
     for (o, p) in opened.iter_mut().zip(planned) {
         if failed.is_some() || p.is_empty() {
             o.key.unchanged();
             continue;
         }
-        let applied = match p {
+        let name: &'a RedisString = o.name;
+        let error = match p {
             KeyEffects::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
-                Ok(Some(b)) => apply_and_propagate(ctx, o.name, b, *now, effects).map(|_| ()),
-                Ok(None) => Err(noquota()),
-                Err(e) => Err(e),
+                Ok(Some(b)) => {
+                    let result = apply_counted(ctx, name, b, *now, effects).0;
+                    let applied = effects.get(..result.applied).unwrap_or(&[]);
+                    stats::add(&stats::EXPIRED, releases(applied));
+                    batch.budget(name, *now, applied);
+                    result.error
+                }
+                Ok(None) => Some(noquota()),
+                Err(e) => Some(e),
             },
             KeyEffects::Window(effects) => {
-                window_effects::apply_and_propagate(ctx, &mut o.key, o.name, wall, effects)
+                let (applied, error) =
+                    window_effects::apply_at_key(ctx, &mut o.key, name, wall, effects);
+                batch.window(name, wall, effects.get(..applied).unwrap_or(&[]));
+                error
             }
         };
-        if let Err(e) = applied {
-            failed = Some(e);
+        if error.is_some() {
+            failed = error;
         }
     }
+    batch.replicate(ctx);
     match failed {
         Some(e) => Err(e),
         None => values_now(opened, wall),
