@@ -38,6 +38,8 @@ const MAX_KEYS: usize = crate::shell::multi_cmds::MAX_KEYS;
 pub struct Batch<'a> {
     keys: Vec<&'a RedisString>,
     line: Packed,
+    /// One key's line, reused for every key (one allocation per batch, not per key).
+    inner: Packed,
 }
 
 impl<'a> Batch<'a> {
@@ -45,7 +47,8 @@ impl<'a> Batch<'a> {
     pub fn with_keys(n: usize) -> Batch<'a> {
         Batch {
             keys: Vec::with_capacity(n),
-            line: Packed::with_capacity(128),
+            line: Packed::with_capacity(256),
+            inner: Packed::with_capacity(128),
         }
     }
 
@@ -54,12 +57,12 @@ impl<'a> Batch<'a> {
         if list.is_empty() {
             return;
         }
-        let mut inner = Packed::with_capacity(64);
-        inner.int(at_ms);
+        self.inner.clear();
+        self.inner.int(at_ms);
         for e in list {
-            effects::write(e, &mut inner);
+            effects::write(e, &mut self.inner);
         }
-        self.push(key, "B", &inner);
+        self.push(key, "B");
     }
 
     /// Adds a window key's applied effects at `at_ms` (none: nothing added).
@@ -67,18 +70,19 @@ impl<'a> Batch<'a> {
         if list.is_empty() {
             return;
         }
-        let mut inner = Packed::with_capacity(64);
-        inner.int(at_ms);
+        self.inner.clear();
+        self.inner.int(at_ms);
         for e in list {
-            window_effects::write(e, &mut inner);
+            window_effects::write(e, &mut self.inner);
         }
-        self.push(key, "W", &inner);
+        self.push(key, "W");
     }
 
-    fn push(&mut self, key: &'a RedisString, kind: &'static str, inner: &Packed) {
+    /// Appends the key and its kind and line (in `inner`).
+    fn push(&mut self, key: &'a RedisString, kind: &'static str) {
         self.keys.push(key);
         self.line.word(kind);
-        self.line.bytes(inner.as_bytes());
+        self.line.bytes(self.inner.as_bytes());
     }
 
     /// Replicates the batch as one `QUOTA.MAPPLY` (nothing if no key changed).
