@@ -32,6 +32,7 @@ use shell::budget_cmds::{
     quota_set, quota_settle,
 };
 use shell::budget_type::BUDGET_TYPE;
+use shell::command_docs::quota_help;
 use shell::config;
 use shell::window_apply::quota_wapply;
 use shell::window_cmds::quota_window;
@@ -210,6 +211,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    // COMMAND DOCS / INFO of every command (the macro's ones are registered by now).
+    shell::command_docs::set_all(ctx);
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
     // Server-event subscriptions go with the module if the load fails; keyspace ones do not,
@@ -243,6 +246,7 @@ redis_module! {
         ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, "", "write admin dangerous"],
         ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, "", "write admin dangerous"],
         ["QUOTA.WAPPLY", quota_wapply, "write", 1, 1, 1, "", "write admin dangerous"],
+        ["QUOTA.HELP", quota_help, "readonly fast allow-loading allow-stale", 0, 0, 0, "", "fast"],
     ],
     // Keyspace events are subscribed in `init`, after the arguments are checked: a subscription
     // made by the macro would outlive a failed load and call into the unloaded library.

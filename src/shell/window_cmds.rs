@@ -11,7 +11,7 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString};
 
 use crate::core::window::{Window, WindowDecision, WindowError, WindowParams, MAX_WINDOW_MS};
-use crate::shell::args::{syntax_error, Args};
+use crate::shell::args::Args;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::{error_reply, reply_array, Item};
 use crate::shell::window_type::WINDOW_TYPE;
@@ -65,7 +65,7 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     // Before the combined checks (bucket count), so that this error names the cause.
