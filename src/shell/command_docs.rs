@@ -227,7 +227,7 @@ pub static COMMANDS: &[CommandDoc] = &[
         name: c"QUOTA.SET",
         summary: c"Creates a budget, or changes its settings: limit, used, overdraft, largest reservation, default TTL, calendar period.",
         since: V0_1,
-        complexity: c"O(1) to create. O(log N) to update, N being the ids the key holds, plus the release of expired reservations.",
+        complexity: c"O(1) to create. O(log N) to update, N being the ids the key holds, plus the bounded cleanup of a write.",
         arity: -2,
         keys: &[key_at_1(RW | UPDATE)],
         args: &[
