@@ -211,8 +211,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    // COMMAND DOCS / INFO of every command (the macro's ones are registered by now).
-    shell::command_docs::set_all(ctx);
+    // COMMAND DOCS / INFO and key specs of every command (the macro's are registered by now).
+    if let Err(e) = shell::command_docs::set_all(ctx) {
+        ctx.log_warning(&format!("quota: not loaded: {e}"));
+        return Status::Err;
+    }
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
     // Server-event subscriptions go with the module if the load fails; keyspace ones do not,

@@ -420,6 +420,13 @@ pub fn find(name: &[u8]) -> Option<&'static CommandDoc> {
 }
 
 impl CommandDoc {
+    /// Whether only the key specs say where the keys are (`numkeys`).
+    pub fn needs_key_specs(&self) -> bool {
+        self.keys
+            .iter()
+            .any(|k| matches!(k.find, Find::Keynum { .. }))
+    }
+
     /// The command's syntax on one line, as redis-cli hints it:
     /// `QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms]`.
     pub fn usage(&self) -> String {
@@ -524,23 +531,36 @@ pub fn quota_help(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::Array(lines))
 }
 
-/// Sets every command's documentation. A command that is not registered, or a server that
-/// refuses the info, is logged and skipped: documentation never stops the module from loading
-/// (the tests check that every command has it).
-pub fn set_all(ctx: &Context) {
+/// Sets every command's documentation. A server that refuses a command's info (or a command
+/// not registered) is logged and skipped, as documentation must not stop the module from
+/// loading (the tests check every command has it) — except where the info carries the only
+/// description of the command's keys (a `numkeys` key spec, which the legacy key positions
+/// cannot say): then cluster routing and ACL key checks would miss keys, so it is an error.
+///
+/// Redis takes a command's info once: a second `RedisModule_SetCommandInfo` on the same command
+/// fails (EEXIST), so this is the only place that sets it.
+pub fn set_all(ctx: &Context) -> Result<(), String> {
     // SAFETY: copies of pointers written once by RedisModule_Init.
     let (Some(get), Some(set)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
         raw::RedisModule_SetCommandInfo
     }) else {
-        ctx.log_warning("quota: this server cannot take command docs (COMMAND DOCS stays empty)");
-        return;
+        return Err("RedisModule_SetCommandInfo is not available".to_string());
     };
     for doc in COMMANDS {
+        let name = doc.name.to_string_lossy();
+        let refused = |what: &str| -> Result<(), String> {
+            if doc.needs_key_specs() {
+                return Err(format!("{what} {name}"));
+            }
+            ctx.log_warning(&format!(
+                "quota: {what} {name} (continuing without its docs)"
+            ));
+            Ok(())
+        };
         // SAFETY: the load context is live; the name is static and NUL-terminated.
         let command = unsafe { get(ctx.ctx, doc.name.as_ptr()) };
-        let name = doc.name.to_string_lossy();
         if command.is_null() {
-            ctx.log_warning(&format!("quota: no command {name} to document"));
+            refused("no registered command")?;
             continue;
         }
         let mut store = Vec::new();
@@ -566,11 +586,10 @@ pub fn set_all(ctx: &Context) {
         // SAFETY: a live command handle; `info` and everything it points to (static strings,
         // `keys`, the arrays in `store`) outlive the call, and Redis copies what it keeps.
         if unsafe { set(command, &info) } != raw::REDISMODULE_OK as c_int {
-            ctx.log_warning(&format!(
-                "quota: the server refused the docs of {name} (see the lines above)"
-            ));
+            refused("the server refused the command info (see the lines above) of")?;
         }
     }
+    Ok(())
 }
 
 /// Version 1 of the info structs, with this build's struct sizes (Redis walks the arrays with
