@@ -78,6 +78,12 @@ impl Arg {
         self
     }
 
+    /// The same argument, required (a [`one_of`] in a fixed position: `actual|ELAPSED`).
+    pub const fn required(mut self) -> Arg {
+        self.optional = false;
+        self
+    }
+
     /// The same argument with a one-line description.
     pub const fn summary(mut self, summary: &'static CStr) -> Arg {
         self.summary = Some(summary);
@@ -158,17 +164,30 @@ pub const AT: Arg = option(c"AT", c"unix_ms", Kind::UnixTime)
 pub struct KeySpec {
     /// `REDISMODULE_CMD_KEY_*` bits: exactly one of RO, RW, OW, RM, plus ACCESS, UPDATE, ...
     pub flags: u32,
-    /// The index of the first key, or (with `Find::Keynum`) of the argument counting them.
-    pub begin: c_int,
+    pub begin: Begin,
     pub find: Find,
 }
 
-/// How the keys continue from [`KeySpec::begin`].
+/// Where the search for a key spec's keys begins.
+#[derive(Debug)]
+pub enum Begin {
+    /// At this argument index (1: the first after the command name).
+    Index(c_int),
+    /// After `keyword`, searched from argument `startfrom` (negative: from the end) — an
+    /// option's key, e.g. `STREAM stream_key`.
+    Keyword {
+        keyword: &'static CStr,
+        startfrom: c_int,
+    },
+}
+
+/// How the keys continue from where [`KeySpec::begin`] found the first.
 #[derive(Debug)]
 pub enum Find {
     /// `lastkey` relative to the first (0: one key; -1: to the end), every `step`.
     Range { lastkey: c_int, step: c_int },
-    /// The argument at `begin + keynumidx` counts the keys, which start at `begin + firstkey`.
+    /// The argument `keynumidx` after the beginning counts the keys, which start `firstkey`
+    /// after it.
     Keynum {
         keynumidx: c_int,
         firstkey: c_int,
@@ -186,7 +205,7 @@ const UPDATE: u32 = raw::REDISMODULE_CMD_KEY_UPDATE;
 const fn key_at_1(flags: u32) -> KeySpec {
     KeySpec {
         flags,
-        begin: 1,
+        begin: Begin::Index(1),
         find: Find::Range {
             lastkey: 0,
             step: 1,
@@ -198,7 +217,7 @@ const fn key_at_1(flags: u32) -> KeySpec {
 pub const fn numkeys_at_1(flags: u32) -> KeySpec {
     KeySpec {
         flags,
-        begin: 1,
+        begin: Begin::Index(1),
         find: Find::Keynum {
             keynumidx: 0,
             firstkey: 1,
@@ -709,13 +728,28 @@ fn c_key_spec(k: &KeySpec) -> raw::RedisModuleCommandKeySpec {
             },
         ),
     };
+    let (begin_search_type, bs) = match k.begin {
+        Begin::Index(pos) => (
+            raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+            raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+                index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos },
+            },
+        ),
+        Begin::Keyword { keyword, startfrom } => (
+            raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_KEYWORD,
+            raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+                keyword: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_2 {
+                    keyword: keyword.as_ptr(),
+                    startfrom,
+                },
+            },
+        ),
+    };
     raw::RedisModuleCommandKeySpec {
         notes: ptr::null(),
         flags: u64::from(k.flags),
-        begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
-        bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
-            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: k.begin },
-        },
+        begin_search_type,
+        bs,
         find_keys_type,
         fk,
     }
