@@ -25,12 +25,12 @@ pub struct Args<'a> {
 impl<'a> Args<'a> {
     /// Arguments after the command name; the arity error (with the usage line) if there are
     /// fewer than `min`.
+    #[inline(always)]
     pub fn new(all: &'a [RedisString], min: usize) -> Result<Self, RedisError> {
-        let args = Args { all, pos: 1 };
         if all.len().saturating_sub(1) < min {
-            return Err(args.wrong_arity());
+            return Err(Args { all, pos: 1 }.wrong_arity());
         }
-        Ok(args)
+        Ok(Args { all, pos: 1 })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -39,6 +39,7 @@ impl<'a> Args<'a> {
 
     /// The next argument as bytes; if there is none, the error says what was expected (the
     /// value of the option just read, or more arguments).
+    #[inline(always)]
     pub fn next_bytes(&mut self) -> Result<&'a [u8], RedisError> {
         let Some(arg) = self.all.get(self.pos) else {
             return Err(self.missing());
@@ -48,6 +49,7 @@ impl<'a> Args<'a> {
     }
 
     /// The next argument as the `RedisString` (for keys).
+    #[inline(always)]
     pub fn next_string(&mut self) -> Result<&'a RedisString, RedisError> {
         let Some(arg) = self.all.get(self.pos) else {
             return Err(self.wrong_arity());
@@ -57,12 +59,12 @@ impl<'a> Args<'a> {
     }
 
     /// The next argument as a signed 64-bit integer; the error names the argument.
+    #[inline(always)]
     pub fn next_i64(&mut self) -> Result<i64, RedisError> {
-        let at = self.pos;
         let bytes = self.next_bytes()?;
         match parse_canonical_i64(bytes) {
             Some(n) => Ok(n),
-            None => Err(self.not_an_integer(at)),
+            None => Err(self.not_an_integer()),
         }
     }
 
@@ -156,10 +158,12 @@ impl<'a> Args<'a> {
         }
     }
 
-    /// The error for the argument at `at` (an index in argv), which is not an integer.
+    /// The error for the argument just read, which is not an integer.
     #[cold]
     #[inline(never)]
-    fn not_an_integer(&self, at: usize) -> RedisError {
+    fn not_an_integer(&self) -> RedisError {
+        // Its index in argv (the cursor has moved past it).
+        let at = self.pos.saturating_sub(1);
         let got = self.all.get(at).map_or(&b""[..], |a| a.as_slice());
         let got_text = printable_id(got);
         let Some(doc) = self.doc() else {
