@@ -190,7 +190,12 @@ fn error_line(c: &mut redis::Connection, args: &[&str]) -> String {
 }
 
 const RESERVE_USAGE: &str = "Usage: QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms]";
-const SET_USAGE: &str = "Usage: QUOTA.SET key [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
+const MRESERVE_USAGE: &str = "Usage: QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] \
+     [ID id] [TTL ttl_ms] [AT unix_ms]";
+const WINDOW_USAGE: &str = "Usage: QUOTA.WINDOW key [limit window_ms] [COST cost] \
+     [PRECISION precision_ms] [PEEK] [AT unix_ms]";
+const SET_USAGE: &str = "Usage: QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] \
+     [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
      [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] \
      [ANCHOR anchor_ms] [NX|XX] [AT unix_ms]";
 
@@ -319,6 +324,41 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             "ERR syntax error near 'extra': QUOTA.INFO takes no such option. Usage: QUOTA.INFO \
              key [AT unix_ms]"
                 .into(),
+        ),
+        // The multi-key commands and the window configuration forms.
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1"],
+            format!("ERR wrong number of arguments for 'QUOTA.MRESERVE' command. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "FORCE"],
+            format!(
+                "ERR syntax error near 'FORCE': QUOTA.MRESERVE takes no such option. \
+                 {MRESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "TTL"],
+            format!("ERR TTL needs a value: TTL ttl_ms. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW"],
+            format!(
+                "ERR WINDOW needs a value: WINDOW limit window_ms [PRECISION precision_ms]. \
+                 {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "PRECISION"],
+            format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.WINDOW", "w", "COST", "x"],
+            format!("ERR value of COST is not an integer or out of range: got 'x'. {WINDOW_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.WINDOW", "w", "10", "1s"],
+            format!("ERR window_ms is not an integer or out of range: got '1s'. {WINDOW_USAGE}"),
         ),
         // Value checks name the argument and the rule.
         (

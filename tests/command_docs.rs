@@ -25,6 +25,10 @@ const COMMANDS: &[(&str, bool)] = &[
     ("QUOTA.CHARGE", false),
     ("QUOTA.PENDING", false),
     ("QUOTA.WINDOW", false),
+    ("QUOTA.MRESERVE", false),
+    ("QUOTA.MSETTLE", false),
+    ("QUOTA.MROLLBACK", false),
+    ("QUOTA.MEXTEND", false),
     ("QUOTA.HELP", false),
     ("QUOTA.APPLY", true),
     ("QUOTA.WAPPLY", true),
@@ -98,9 +102,10 @@ fn every_command_documents_itself() {
             assert!(!d.contains_key("arguments"), "{name}");
             continue;
         }
-        // Every other command's first argument is its key, at key spec 0.
+        // Every other command's first argument is its key, at key spec 0 (after numkeys for
+        // the multi-key commands).
         let args = items(&d["arguments"]);
-        let first = fields(&args[0]);
+        let first = fields(&args[usize::from(name.starts_with("QUOTA.M"))]);
         assert_eq!(text(&first["name"]), "key", "{name}");
         assert_eq!(text(&first["type"]), "key", "{name}");
         assert_eq!(first["key_spec_index"], Value::Int(0), "{name}");
@@ -155,6 +160,7 @@ fn arguments_carry_type_token_and_flags() {
         tokens,
         [
             "",
+            "WINDOW",
             "LIMIT",
             "USED",
             "OVERDRAFT",
@@ -171,11 +177,33 @@ fn arguments_carry_type_token_and_flags() {
         args(&mut c, "QUOTA.WINDOW"),
         vec![
             a("key", "key", "", ""),
-            a("limit", "integer", "", ""),
-            a("window_ms", "integer", "", ""),
+            (
+                "window".into(),
+                "block".into(),
+                "".into(),
+                "optional".into(),
+                vec!["".into(), "".into()]
+            ),
             a("cost", "integer", "COST", "optional"),
             a("precision_ms", "integer", "PRECISION", "optional"),
             a("peek", "pure-token", "PEEK", "optional"),
+            at.clone(),
+        ]
+    );
+    let window = set.iter().find(|x| x.0 == "window").unwrap();
+    assert_eq!(
+        (window.1.as_str(), window.2.as_str(), window.3.as_str()),
+        ("block", "WINDOW", "optional")
+    );
+    assert_eq!(window.4, ["", "", "PRECISION"]);
+    assert_eq!(
+        args(&mut c, "QUOTA.MRESERVE"),
+        vec![
+            a("numkeys", "integer", "", ""),
+            a("key", "key", "", "multiple"),
+            a("amount", "integer", "", "multiple"),
+            a("id", "string", "ID", "optional"),
+            a("ttl_ms", "integer", "TTL", "optional"),
             at.clone(),
         ]
     );
@@ -275,6 +303,60 @@ fn command_info_and_getkeys_for_every_command() {
         let keys: Vec<String> = items(&ok(&mut c, &getkeys)).iter().map(text).collect();
         assert_eq!(keys, ["k"], "{name}");
     }
+    // The multi-key commands: no legacy key positions, one keynum key spec (numkeys at 1).
+    let multi: &[(&str, &[&str], &[&str])] = &[
+        (
+            "QUOTA.MRESERVE",
+            &["2", "a", "b", "1", "1"],
+            &["RW", "access", "update"],
+        ),
+        (
+            "QUOTA.MSETTLE",
+            &["2", "a", "b", "id", "1", "1"],
+            &["RW", "access", "update"],
+        ),
+        (
+            "QUOTA.MROLLBACK",
+            &["2", "a", "b", "id"],
+            &["RW", "access", "update"],
+        ),
+        (
+            "QUOTA.MEXTEND",
+            &["2", "a", "b", "id", "100"],
+            &["RW", "update"],
+        ),
+    ];
+    for &(name, call, flags) in multi {
+        let info = items(&ok(&mut c, &["COMMAND", "INFO", name]));
+        let info = items(&info[0]);
+        assert_eq!(info[1], Value::Int(-2), "{name} arity");
+        assert_eq!(
+            (int(&info[3]), int(&info[4]), int(&info[5])),
+            (0, 0, 0),
+            "{name}"
+        );
+        let specs = items(&info[8]);
+        assert_eq!(specs.len(), 1, "{name}");
+        let spec = fields(&specs[0]);
+        let got: Vec<String> = items(&spec["flags"]).iter().map(text).collect();
+        assert_eq!(got, flags, "{name} key spec flags");
+        let find = fields(&spec["find_keys"]);
+        assert_eq!(text(&find["type"]), "keynum", "{name}");
+        let keynum = fields(&find["spec"]);
+        assert_eq!(
+            (
+                int(&keynum["keynumidx"]),
+                int(&keynum["firstkey"]),
+                int(&keynum["keystep"])
+            ),
+            (0, 1, 1),
+            "{name}"
+        );
+        let mut getkeys = vec!["COMMAND", "GETKEYS", name];
+        getkeys.extend_from_slice(call);
+        let keys: Vec<String> = items(&ok(&mut c, &getkeys)).iter().map(text).collect();
+        assert_eq!(keys, ["a", "b"], "{name}");
+    }
     // QUOTA.HELP: no keys, exactly its name.
     let info = items(&items(&ok(&mut c, &["COMMAND", "INFO", "QUOTA.HELP"]))[0]);
     assert_eq!(info[1], Value::Int(1));
@@ -312,6 +394,8 @@ fn help_lists_every_command_like_xinfo_help() {
             || name == "QUOTA.INFO"
             || name == "QUOTA.SET"
             || name == "QUOTA.PENDING"
+            || name == "QUOTA.WINDOW"
+            || name.starts_with("QUOTA.M")
         {
             continue;
         }

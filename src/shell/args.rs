@@ -173,28 +173,31 @@ impl<'a> Args<'a> {
         let hint = self
             .key_as_option(doc)
             .map_or_else(String::new, |h| format!(" ({h})"));
-        if let Some(arg) = at.checked_sub(1).and_then(|i| doc.positional(i)) {
-            let name = arg.placeholder();
-            let why = if doc.option(got).is_some() {
-                format!(", an option: {name} comes before the options")
-            } else {
-                String::new()
-            };
-            return RedisError::String(format!(
-                "ERR {name} is not an integer or out of range: got '{got_text}'{why}{hint}. Usage: {usage}"
-            ));
-        }
+        // The value of the option just before it (not the key: index 1), else a positional.
         let option = at
             .checked_sub(1)
             .filter(|&i| i >= 2)
             .and_then(|i| self.all.get(i))
             .and_then(|t| doc.option(t.as_slice()))
             .and_then(|o| o.token);
-        match option {
-            Some(token) => RedisError::String(format!(
+        if let Some(token) = option {
+            return RedisError::String(format!(
                 "ERR value of {} is not an integer or out of range: got '{got_text}'{hint}. Usage: {usage}",
                 token.to_string_lossy()
-            )),
+            ));
+        }
+        match at.checked_sub(1).and_then(|i| doc.positional(i)) {
+            Some(arg) => {
+                let name = arg.placeholder();
+                let why = if doc.option(got).is_some() {
+                    format!(", an option: {name} comes before the options")
+                } else {
+                    String::new()
+                };
+                RedisError::String(format!(
+                    "ERR {name} is not an integer or out of range: got '{got_text}'{why}{hint}. Usage: {usage}"
+                ))
+            }
             None => RedisError::String(format!(
                 "{NOT_AN_INTEGER}: got '{got_text}'{hint}. Usage: {usage}"
             )),

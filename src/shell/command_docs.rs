@@ -244,13 +244,23 @@ pub struct CommandDoc {
 pub static COMMANDS: &[CommandDoc] = &[
     CommandDoc {
         name: c"QUOTA.SET",
-        summary: c"Creates a budget, or changes its settings: limit, used, overdraft, largest reservation, default TTL, calendar period.",
+        summary: c"Creates a budget, or changes its settings: limit, used, overdraft, largest reservation, default TTL, calendar period. With WINDOW: stores a window key's limit and window.",
         since: V0_1,
         complexity: c"O(1) to create. O(log N) to update, N being the ids the key holds, plus the bounded cleanup of a write.",
         arity: -2,
         keys: &[key_at_1(RW | UPDATE)],
         args: &[
             key(),
+            Arg {
+                token: Some(c"WINDOW"),
+                optional: true,
+                summary: Some(c"a window key's stored configuration (no other option but NX, XX, AT); QUOTA.WINDOW key and the M* commands then use it"),
+                ..block(c"window", &[
+                    int(c"limit"),
+                    int(c"window_ms"),
+                    option(c"PRECISION", c"precision_ms", Kind::Integer),
+                ])
+            },
             option(c"LIMIT", c"limit", Kind::Integer).summary(c"the budget's limit (required to create it)"),
             option(c"USED", c"used", Kind::Integer).summary(c"sets what is used (a migration, a correction)"),
             option(c"OVERDRAFT", c"overdraft", Kind::Integer).summary(c"how far a settle or a forced charge may go past the limit"),
@@ -365,20 +375,73 @@ pub static COMMANDS: &[CommandDoc] = &[
     },
     CommandDoc {
         name: c"QUOTA.WINDOW",
-        summary: c"Counts a call against a sliding-window rate limit of limit per window_ms: allowed or denied, remaining, retry_after_ms, reset_after_ms.",
+        summary: c"Counts a call against a sliding-window rate limit of limit per window_ms (or the key's stored configuration): allowed or denied, remaining, retry_after_ms, reset_after_ms.",
         since: V0_1,
         complexity: c"O(log B) plus the buckets that left the window since the last call, B being the buckets held (at most 4097); O(B) at worst.",
         arity: -2,
         keys: &[key_at_1(RW | ACCESS | UPDATE)],
         args: &[
             key(),
-            int(c"limit").summary(c"most units admitted per window"),
-            int(c"window_ms").summary(c"the window's length, ms"),
+            block(c"window", &[
+                int(c"limit").summary(c"most units admitted per window"),
+                int(c"window_ms").summary(c"the window's length, ms"),
+            ])
+            .optional()
+            .summary(c"absent: the configuration QUOTA.SET key WINDOW stored"),
             option(c"COST", c"cost", Kind::Integer).summary(c"units this call counts (default 1)"),
-            option(c"PRECISION", c"precision_ms", Kind::Integer).summary(c"bucket length, ms (default window_ms/60)"),
+            option(c"PRECISION", c"precision_ms", Kind::Integer).summary(c"bucket length, ms (default window_ms/60); with limit window_ms only"),
             flag(c"PEEK", c"peek").summary(c"decide without counting"),
             AT,
         ],
+    },
+    CommandDoc {
+        name: c"QUOTA.MRESERVE",
+        summary: c"Reserves on up to 16 budgets and configured windows at once, all or nothing: granted with one id for every key, or denied with the first key that did not fit and retry_after_ms.",
+        since: V0_1,
+        complexity: c"O(K * log N), K being the keys, N the ids a key holds, plus the bounded cleanup of each write.",
+        arity: -2,
+        keys: &[numkeys_at_1(RW | ACCESS | UPDATE)],
+        args: &[
+            int(c"numkeys").summary(c"how many keys follow (1 to 16)"),
+            Arg::new(c"key", Kind::Key(0)).multiple(),
+            int(c"amount").multiple().summary(c"one amount per key, in key order"),
+            option(c"ID", c"id", Kind::String).summary(c"the reservation's id on every key; generated if absent"),
+            option(c"TTL", c"ttl_ms", Kind::Integer).summary(c"released unless settled or extended within ttl_ms"),
+            AT,
+        ],
+    },
+    CommandDoc {
+        name: c"QUOTA.MSETTLE",
+        summary: c"Settles a reservation made by QUOTA.MRESERVE on each of its keys with the amount actually used.",
+        since: V0_1,
+        complexity: c"O(K * log N), K being the keys, N the ids a key holds.",
+        arity: -2,
+        keys: &[numkeys_at_1(RW | ACCESS | UPDATE)],
+        args: &[
+            int(c"numkeys"),
+            Arg::new(c"key", Kind::Key(0)).multiple(),
+            string(c"id"),
+            int(c"actual").multiple().summary(c"one amount per key, in key order"),
+            AT,
+        ],
+    },
+    CommandDoc {
+        name: c"QUOTA.MROLLBACK",
+        summary: c"Cancels a reservation made by QUOTA.MRESERVE on each of its keys.",
+        since: V0_1,
+        complexity: c"O(K * log N), K being the keys, N the ids a key holds.",
+        arity: -2,
+        keys: &[numkeys_at_1(RW | ACCESS | UPDATE)],
+        args: &[int(c"numkeys"), Arg::new(c"key", Kind::Key(0)).multiple(), string(c"id"), AT],
+    },
+    CommandDoc {
+        name: c"QUOTA.MEXTEND",
+        summary: c"Moves the deadline of a reservation made by QUOTA.MRESERVE on each of its keys to ttl_ms from now.",
+        since: V0_1,
+        complexity: c"O(K * log N), K being the keys, N the ids a key holds.",
+        arity: -2,
+        keys: &[numkeys_at_1(RW | UPDATE)],
+        args: &[int(c"numkeys"), Arg::new(c"key", Kind::Key(0)).multiple(), string(c"id"), int(c"ttl_ms"), AT],
     },
     CommandDoc {
         name: c"QUOTA.HELP",
@@ -460,30 +523,54 @@ impl CommandDoc {
     /// The option of this command whose keyword is `token` (case-insensitive): a top-level
     /// `TOKEN value`, flag or tokened choice, or an alternative of an untokened choice (`NX`).
     pub fn option(&self, token: &[u8]) -> Option<&'static Arg> {
-        let matches = |a: &Arg| {
-            a.token
-                .is_some_and(|t| t.to_bytes().eq_ignore_ascii_case(token))
-        };
-        self.args.iter().find_map(|a| {
-            if matches(a) {
-                Some(a)
-            } else if a.kind == Kind::OneOf && a.token.is_none() {
-                a.subargs.iter().find(|s| matches(s))
-            } else {
-                None
-            }
-        })
+        find_option(self.args, token)
     }
 
     /// The positional argument at `index` (0: the first after the command name), if the
-    /// arguments up to it are all required, untokened and single (so the position says which).
+    /// arguments up to it are all untokened and single (so the position says which). The
+    /// members of an untokened group (`[limit window_ms]`) count as positions.
     pub fn positional(&self, index: usize) -> Option<&'static Arg> {
-        let args: &'static [Arg] = self.args;
-        let before = args.get(..index)?;
-        let fixed = |a: &Arg| !a.optional && !a.multiple && a.token.is_none();
-        let arg = args.get(index)?;
-        (before.iter().all(fixed) && !arg.optional && arg.token.is_none()).then_some(arg)
+        let mut at = 0usize;
+        for arg in self.args {
+            let group = arg.kind == Kind::Block && arg.token.is_none();
+            let members: &'static [Arg] = if group {
+                arg.subargs
+            } else {
+                std::slice::from_ref(arg)
+            };
+            for member in members {
+                if member.token.is_some() || member.multiple || member.optional || arg.multiple {
+                    return None;
+                }
+                if at == index {
+                    return Some(member);
+                }
+                at = at.saturating_add(1);
+            }
+            if arg.optional && !group {
+                return None;
+            }
+        }
+        None
     }
+}
+
+/// The option of `args` whose keyword is `token` (case-insensitive): a top-level `TOKEN value`,
+/// flag or tokened choice, an alternative of an untokened choice (`NX`), or an option inside a
+/// group (`PRECISION` in `[WINDOW limit window_ms [PRECISION precision_ms]]`).
+fn find_option(args: &'static [Arg], token: &[u8]) -> Option<&'static Arg> {
+    args.iter().find_map(|a| {
+        if a.token
+            .is_some_and(|t| t.to_bytes().eq_ignore_ascii_case(token))
+        {
+            return Some(a);
+        }
+        match a.kind {
+            Kind::OneOf if a.token.is_none() => find_option(a.subargs, token),
+            Kind::Block => find_option(a.subargs, token),
+            _ => None,
+        }
+    })
 }
 
 /// Appends `arg` as redis-cli and the Redis docs write it: `[TTL ttl_ms]`, `[NX|XX]`,
@@ -788,8 +875,8 @@ mod tests {
         );
         assert_eq!(
             usage("QUOTA.SET"),
-            "QUOTA.SET key [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
-             [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
+            "QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] [LIMIT limit] \
+             [USED used] [OVERDRAFT overdraft] [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
              [TZ zone] [ANCHOR anchor_ms] [NX|XX] [AT unix_ms]"
         );
         assert_eq!(
@@ -797,6 +884,16 @@ mod tests {
             "QUOTA.APPLY key packed [token [token ...]]"
         );
         assert_eq!(usage("QUOTA.HELP"), "QUOTA.HELP");
+        assert_eq!(
+            usage("QUOTA.WINDOW"),
+            "QUOTA.WINDOW key [limit window_ms] [COST cost] [PRECISION precision_ms] [PEEK] \
+             [AT unix_ms]"
+        );
+        assert_eq!(
+            usage("QUOTA.MRESERVE"),
+            "QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ttl_ms] \
+             [AT unix_ms]"
+        );
     }
 
     #[test]
@@ -809,6 +906,15 @@ mod tests {
         assert!(set.option(b"key").is_none());
         assert_eq!(set.positional(0).unwrap().name, c"key");
         assert!(set.positional(1).is_none());
+        assert_eq!(set.option(b"precision").unwrap().name, c"precision_ms");
+        let window = find(b"QUOTA.WINDOW").unwrap();
+        assert_eq!(window.positional(1).unwrap().name, c"limit");
+        assert_eq!(window.positional(2).unwrap().name, c"window_ms");
+        assert!(window.positional(3).is_none());
+        let mreserve = find(b"QUOTA.MRESERVE").unwrap();
+        assert_eq!(mreserve.positional(0).unwrap().name, c"numkeys");
+        assert!(mreserve.positional(1).is_none());
+        assert!(mreserve.needs_key_specs() && !set.needs_key_specs());
         let reserve = find(b"QUOTA.RESERVE").unwrap();
         assert_eq!(reserve.positional(1).unwrap().name, c"amount");
         assert!(reserve.positional(2).is_none());
