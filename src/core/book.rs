@@ -5,8 +5,8 @@
 //! # Layout (why it is small)
 //!
 //! Each entry is stored once, packed, in one of two slabs addressed by `u32` handles: a pending
-//! reservation in 41 bytes (id up to 16 bytes inline, amount, created, deadline), a finished id
-//! in 33 bytes (id, outcome, value, finish time). Slabs grow in chunks of about 5 KiB (one
+//! reservation in 49 bytes (id up to 16 bytes inline, amount, created, deadline, last
+//! heartbeat), a finished id in 41 bytes (id, outcome, value, expiry charge, finish time). Slabs grow in chunks of about 5 KiB (one
 //! jemalloc size class, no doubling slack). A removed entry leaves a hole that the next insert
 //! fills; holes are linked through their own bytes and kept at most about as many as the
 //! entries by compacting a step or two per removal (the tail entry moves into a hole and its
@@ -45,6 +45,41 @@ pub struct Reservation {
     pub created_ms: i64,
     /// It expires when `now >= deadline_ms`.
     pub deadline_ms: i64,
+    /// The last heartbeat (EXTEND); `created_ms` if it never had one.
+    pub heartbeat_ms: i64,
+}
+
+impl Reservation {
+    /// A reservation granted at `created_ms` that never had a heartbeat.
+    pub fn new(amount: i64, created_ms: i64, deadline_ms: i64) -> Reservation {
+        Reservation {
+            amount,
+            created_ms,
+            deadline_ms,
+            heartbeat_ms: created_ms,
+        }
+    }
+
+    /// The time from the grant to the last heartbeat in units of `unit_ms`, rounded up once,
+    /// at most `amount`: what an `ONEXPIRE ELAPSED` expiry charges. 0 without a heartbeat or a
+    /// unit (`unit_ms <= 0`).
+    pub fn elapsed_charge(&self, unit_ms: i64) -> i64 {
+        ceil_units(self.heartbeat_ms.saturating_sub(self.created_ms), unit_ms).min(self.amount)
+    }
+}
+
+/// `ms` in units of `unit_ms`, rounded up; 0 for `ms <= 0` or `unit_ms <= 0`. Never overflows:
+/// the quotient is at most `ms`.
+pub fn ceil_units(ms: i64, unit_ms: i64) -> i64 {
+    if ms <= 0 || unit_ms <= 0 {
+        return 0;
+    }
+    let q = ms.checked_div(unit_ms).unwrap_or(0);
+    if ms.checked_rem(unit_ms).unwrap_or(0) == 0 {
+        q
+    } else {
+        q.saturating_add(1)
+    }
 }
 
 /// How a finished id ended.
@@ -54,8 +89,9 @@ pub enum Outcome {
     Settled { actual: i64, late: bool },
     /// Rolled back; `amount` was released.
     RolledBack { amount: i64 },
-    /// Expired; `amount` was released.
-    Expired { amount: i64 },
+    /// Expired; `amount` was released and `charged` of it charged to `used` (0 under
+    /// `ONEXPIRE RELEASE`, or when the charge fell in a period already reset).
+    Expired { amount: i64, charged: i64 },
     /// A one-phase CHARGE with this id charged `amount`.
     Charged { amount: i64 },
 }
@@ -71,21 +107,21 @@ impl Outcome {
         }
     }
 
-    /// (kind code, value) as stored in a finished slot.
-    fn pack(&self) -> (u8, i64) {
+    /// (kind code, value, expiry charge) as stored in a finished slot.
+    fn pack(&self) -> (u8, i64, i64) {
         match *self {
             Outcome::Settled {
                 actual,
                 late: false,
-            } => (0, actual),
-            Outcome::Settled { actual, late: true } => (1, actual),
-            Outcome::RolledBack { amount } => (2, amount),
-            Outcome::Expired { amount } => (3, amount),
-            Outcome::Charged { amount } => (4, amount),
+            } => (0, actual, 0),
+            Outcome::Settled { actual, late: true } => (1, actual, 0),
+            Outcome::RolledBack { amount } => (2, amount, 0),
+            Outcome::Expired { amount, charged } => (3, amount, charged),
+            Outcome::Charged { amount } => (4, amount, 0),
         }
     }
 
-    fn unpack(kind: u8, value: i64) -> Outcome {
+    fn unpack(kind: u8, value: i64, charged: i64) -> Outcome {
         match kind {
             0 => Outcome::Settled {
                 actual: value,
@@ -96,7 +132,10 @@ impl Outcome {
                 late: true,
             },
             2 => Outcome::RolledBack { amount: value },
-            3 => Outcome::Expired { amount: value },
+            3 => Outcome::Expired {
+                amount: value,
+                charged,
+            },
             _ => Outcome::Charged { amount: value },
         }
     }
@@ -128,14 +167,14 @@ const LONG: u8 = LEN_MASK;
 const KIND_SHIFT: u32 = 5;
 /// Handles are below this (31 bits), as when both kinds shared one id index.
 const HANDLE_LIMIT: u32 = 1 << 31;
-/// Slots per slab chunk: 124 × 41 = 5084 and 155 × 33 = 5115 bytes, each within the 5120-byte
+/// Slots per slab chunk: 104 × 49 = 5096 and 124 × 41 = 5084 bytes, each within the 5120-byte
 /// jemalloc class.
-const PENDING_CHUNK: usize = 124;
-const FINISHED_CHUNK: usize = 155;
+const PENDING_CHUNK: usize = 104;
+const FINISHED_CHUNK: usize = 124;
 /// Capacity of a slab's first chunk when it is created; it doubles up to the chunk size.
 const FIRST_CHUNK: usize = 4;
 
-/// A pending reservation, packed (41 bytes, no padding).
+/// A pending reservation, packed (49 bytes, no padding).
 #[derive(Clone, Copy, Debug)]
 struct PendingSlot {
     id: [u8; INLINE],
@@ -143,14 +182,16 @@ struct PendingSlot {
     amount: [u8; 8],
     created: [u8; 8],
     deadline: [u8; 8],
+    heartbeat: [u8; 8],
 }
 
-/// A finished id, packed (33 bytes, no padding).
+/// A finished id, packed (41 bytes, no padding). `charged`: an expiry's charge (0 otherwise).
 #[derive(Clone, Copy, Debug)]
 struct FinishedSlot {
     id: [u8; INLINE],
     meta: u8,
     value: [u8; 8],
+    charged: [u8; 8],
     finished: [u8; 8],
 }
 
@@ -216,6 +257,7 @@ impl Slot for PendingSlot {
             amount: [0; 8],
             created: [0; 8],
             deadline: [0; 8],
+            heartbeat: [0; 8],
         }
     }
 }
@@ -232,6 +274,7 @@ impl Slot for FinishedSlot {
             id,
             meta: HOLE,
             value: [0; 8],
+            charged: [0; 8],
             finished: [0; 8],
         }
     }
@@ -247,6 +290,7 @@ impl PendingSlot {
             amount: i64_of(self.amount),
             created_ms: i64_of(self.created),
             deadline_ms: self.deadline(),
+            heartbeat_ms: i64_of(self.heartbeat),
         }
     }
 }
@@ -258,7 +302,11 @@ impl FinishedSlot {
 
     fn entry(&self) -> Finished {
         Finished {
-            outcome: Outcome::unpack(self.meta >> KIND_SHIFT, i64_of(self.value)),
+            outcome: Outcome::unpack(
+                self.meta >> KIND_SHIFT,
+                i64_of(self.value),
+                i64_of(self.charged),
+            ),
             finished_ms: self.finished(),
         }
     }
@@ -678,6 +726,8 @@ struct Store {
     pending: Slab<PendingSlot, PENDING_CHUNK>,
     finished: Slab<FinishedSlot, FINISHED_CHUNK>,
     longs: LongIds,
+    /// The budget's UNIT in ms (0: none), with which the deadline index sums elapsed charges.
+    unit_ms: i64,
 }
 
 impl Store {
@@ -751,16 +801,20 @@ impl Store {
     }
 }
 
-/// What the deadline index sums below each node: the amount and number of the pending
-/// reservations there, so that those whose deadline has passed are summed in O(log n)
-/// ([`Book::expired`]). Wrapping arithmetic: exact whenever the true sum fits an i64, as any
-/// sum of pending amounts does (they sum to `reserved`), and it never panics on loaded data.
+/// What the deadline index sums below each node: the amount, number and elapsed charge of
+/// the pending reservations there, so that those whose deadline has passed are summed in
+/// O(log n) ([`Book::expired`]). Wrapping arithmetic: exact whenever the true sum fits an
+/// i64, as any sum of pending amounts does (they sum to `reserved`; an elapsed charge is at
+/// most its amount), and it never panics on loaded data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingSum {
     /// Units reserved.
     pub amount: i64,
     /// Reservations.
     pub count: u64,
+    /// What `ONEXPIRE ELAPSED` would charge them ([`Reservation::elapsed_charge`] with the
+    /// unit of [`Book::set_unit`]).
+    pub elapsed: i64,
 }
 
 impl Measure for PendingSum {
@@ -768,12 +822,14 @@ impl Measure for PendingSum {
         PendingSum {
             amount: self.amount.wrapping_add(other.amount),
             count: self.count.wrapping_add(other.count),
+            elapsed: self.elapsed.wrapping_add(other.elapsed),
         }
     }
     fn minus(self, other: Self) -> Self {
         PendingSum {
             amount: self.amount.wrapping_sub(other.amount),
             count: self.count.wrapping_sub(other.count),
+            elapsed: self.elapsed.wrapping_sub(other.elapsed),
         }
     }
 }
@@ -786,6 +842,7 @@ fn pending_measure(store: &Store) -> impl Fn(u32) -> PendingSum + '_ {
             .map_or(PendingSum::default(), |s| PendingSum {
                 amount: i64_of(s.amount),
                 count: 1,
+                elapsed: s.reservation().elapsed_charge(store.unit_ms),
             })
     }
 }
@@ -807,6 +864,7 @@ fn add_pending(
         amount: r.amount.to_le_bytes(),
         created: r.created_ms.to_le_bytes(),
         deadline: r.deadline_ms.to_le_bytes(),
+        heartbeat: r.heartbeat_ms.to_le_bytes(),
     };
     let h = store.pending.push(slot)?;
     let store = &*store;
@@ -827,11 +885,12 @@ fn add_finished(
     meta: u8,
     f: Finished,
 ) -> Option<u32> {
-    let (kind, value) = f.outcome.pack();
+    let (kind, value, charged) = f.outcome.pack();
     let slot = FinishedSlot {
         id,
         meta: (meta & LEN_MASK) | (kind << KIND_SHIFT),
         value: value.to_le_bytes(),
+        charged: charged.to_le_bytes(),
         finished: f.finished_ms.to_le_bytes(),
     };
     let h = store.finished.push(slot)?;
@@ -841,13 +900,17 @@ fn add_finished(
     Some(h)
 }
 
-/// A pending reservation's new values, in place (re-indexed if the deadline or the amount,
-/// which the index sums, changed).
+/// A pending reservation's new values, in place (re-indexed if the deadline, or what the
+/// index sums — the amount, the elapsed charge — changed).
 fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r: Reservation) {
     let Some(old) = store.pending_slot(h) else {
         return;
     };
-    let moved = old.deadline() != r.deadline_ms || i64_of(old.amount) != r.amount;
+    let old = old.reservation();
+    let moved = old.deadline_ms != r.deadline_ms
+        || old.amount != r.amount
+        || old.created_ms != r.created_ms
+        || old.heartbeat_ms != r.heartbeat_ms;
     if moved {
         let store = &*store;
         let key = store.pending_key(h);
@@ -857,6 +920,7 @@ fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r:
         slot.amount = r.amount.to_le_bytes();
         slot.created = r.created_ms.to_le_bytes();
         slot.deadline = r.deadline_ms.to_le_bytes();
+        slot.heartbeat = r.heartbeat_ms.to_le_bytes();
     }
     if moved {
         let store = &*store;
@@ -880,10 +944,11 @@ fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished
         let key = store.finished_key(h);
         by_finish.remove(|x| key.cmp(&store.finished_key(x)));
     }
-    let (kind, value) = f.outcome.pack();
+    let (kind, value, charged) = f.outcome.pack();
     if let Some(slot) = store.finished.get_mut(h) {
         slot.meta = (slot.meta & LEN_MASK) | (kind << KIND_SHIFT);
         slot.value = value.to_le_bytes();
+        slot.charged = charged.to_le_bytes();
         slot.finished = f.finished_ms.to_le_bytes();
     }
     if moved {
@@ -1109,6 +1174,29 @@ impl Book {
             },
             &pending_measure(store),
         )
+    }
+
+    /// Sets the unit (ms; `None` or <= 0: none) with which [`PendingSum::elapsed`] is summed.
+    /// A change re-sums the deadline index: O(n log n) in the pending reservations, paid only
+    /// by a QUOTA.SET that changes UNIT.
+    pub fn set_unit(&mut self, unit_ms: Option<i64>) {
+        let unit_ms = unit_ms.unwrap_or(0).max(0);
+        if unit_ms == self.store.unit_ms {
+            return;
+        }
+        self.store.unit_ms = unit_ms;
+        let handles: Vec<u32> = self.by_deadline.iter().collect();
+        let store = &self.store;
+        let mut tree = DeadlineIndex::default();
+        for h in handles {
+            let key = store.pending_key(h);
+            tree.insert_measured(
+                h,
+                |x| key.cmp(&store.pending_key(x)),
+                &pending_measure(store),
+            );
+        }
+        self.by_deadline = tree;
     }
 
     /// The soonest deadline of a pending reservation.
@@ -1491,24 +1579,20 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn pending(amount: i64, created_ms: i64, deadline_ms: i64) -> Entry {
-        Entry::Pending(Reservation {
-            amount,
-            created_ms,
-            deadline_ms,
-        })
+        Entry::Pending(Reservation::new(amount, created_ms, deadline_ms))
     }
 
     fn finished(kind: u8, value: i64, at: i64) -> Entry {
         Entry::Finished(Finished {
-            outcome: Outcome::unpack(kind % 5, value),
+            outcome: Outcome::unpack(kind % 5, value, value / 2),
             finished_ms: at,
         })
     }
 
     #[test]
     fn slots_are_packed() {
-        assert_eq!(std::mem::size_of::<PendingSlot>(), 41);
-        assert_eq!(std::mem::size_of::<FinishedSlot>(), 33);
+        assert_eq!(std::mem::size_of::<PendingSlot>(), 49);
+        assert_eq!(std::mem::size_of::<FinishedSlot>(), 41);
         assert_eq!(crate::core::htree::LEAF_BYTES, 128);
     }
 
@@ -1524,11 +1608,18 @@ mod tests {
                 late: true,
             },
             Outcome::RolledBack { amount: 7 },
-            Outcome::Expired { amount: 0 },
+            Outcome::Expired {
+                amount: 0,
+                charged: 0,
+            },
+            Outcome::Expired {
+                amount: 9,
+                charged: 4,
+            },
             Outcome::Charged { amount: i64::MIN },
         ] {
-            let (k, v) = o.pack();
-            assert_eq!(Outcome::unpack(k, v), o);
+            let (k, v, c) = o.pack();
+            assert_eq!(Outcome::unpack(k, v, c), o);
         }
     }
 
@@ -1536,6 +1627,8 @@ mod tests {
     #[derive(Default)]
     struct Model {
         entries: BTreeMap<Vec<u8>, Entry>,
+        /// The unit the elapsed charges are summed with.
+        unit_ms: i64,
     }
 
     impl Model {
@@ -1582,29 +1675,32 @@ mod tests {
         );
         assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
         // The expired sums at every deadline held, and either side of it.
-        let pending: Vec<(i64, i64)> = model
+        let pending: Vec<(i64, i64, i64)> = model
             .entries
             .values()
             .filter_map(|e| match e {
-                Entry::Pending(r) => Some((r.deadline_ms, r.amount)),
+                Entry::Pending(r) => {
+                    Some((r.deadline_ms, r.amount, r.elapsed_charge(model.unit_ms)))
+                }
                 _ => None,
             })
             .collect();
         let mut times = vec![i64::MIN, i64::MAX];
         let every = (pending.len() / 8).max(1);
-        for &(d, _) in pending.iter().step_by(every) {
+        for &(d, _, _) in pending.iter().step_by(every) {
             times.extend([d.saturating_sub(1), d, d.saturating_add(1)]);
         }
         for now in times {
-            let expired: Vec<i64> = pending
+            let expired: Vec<(i64, i64)> = pending
                 .iter()
-                .filter(|(d, _)| *d <= now)
-                .map(|(_, a)| *a)
+                .filter(|(d, _, _)| *d <= now)
+                .map(|(_, a, e)| (*a, *e))
                 .collect();
             let want = PendingSum {
                 // The book holds any amounts; a ledger's sum to `reserved` and never wrap.
-                amount: expired.iter().fold(0i64, |a, b| a.wrapping_add(*b)),
+                amount: expired.iter().fold(0i64, |a, b| a.wrapping_add(b.0)),
                 count: expired.len() as u64,
+                elapsed: expired.iter().fold(0i64, |a, b| a.wrapping_add(b.1)),
             };
             assert_eq!(book.expired(now), want, "at {now}");
         }
@@ -1639,13 +1735,17 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(96))]
         #[test]
         fn matches_the_btreemap_layout(ops in proptest::collection::vec(
-            (0u8..5, id_strategy(), -5i64..5, any::<i64>(), 0u8..5), 1..400)) {
+            (0u8..6, id_strategy(), -5i64..5, any::<i64>(), 0u8..5), 1..400)) {
             let mut book = Book::default();
             let mut model = Model::default();
             for (op, id, t, v, kind) in ops {
                 match op {
                     0 | 1 => {
-                        let e = pending(v, t.wrapping_sub(1), t);
+                        // A heartbeat 0..4 ms after the start.
+                        let e = Entry::Pending(Reservation {
+                            heartbeat_ms: t.wrapping_sub(1).wrapping_add(i64::from(kind)),
+                            ..Reservation::new(v, t.wrapping_sub(1), t)
+                        });
                         book.put(&id, e);
                         model.entries.insert(id, e);
                     }
@@ -1653,6 +1753,11 @@ mod tests {
                         let e = finished(kind, v, t);
                         book.put(&id, e);
                         model.entries.insert(id, e);
+                    }
+                    5 => {
+                        // A unit of 0 (none) to 4 ms: the elapsed sums are redone.
+                        book.set_unit(Some(i64::from(kind)));
+                        model.unit_ms = i64::from(kind);
                     }
                     4 if v % 3 == 0 => {
                         let e = if v % 2 == 0 { pending(v, t, t) } else { finished(kind, v, t) };
