@@ -1596,11 +1596,12 @@ impl Budget {
 /// if it was in a period already reset, only what the actual exceeds it by is added. With no
 /// charge, `used + actual` as ever. Errors: `Overflow`.
 fn late_used(used: i64, actual: i64, charged: i64, in_period: bool) -> Result<i64, LedgerError> {
+    // Widened from i64: none of these can overflow an i128.
     let (u, a, c) = (i128::from(used), i128::from(actual), i128::from(charged));
     let after = if in_period {
-        (u + a - c).max(0)
+        u.saturating_add(a).saturating_sub(c).max(0)
     } else {
-        u + (a - c).max(0)
+        u.saturating_add(a.saturating_sub(c).max(0))
     };
     i64::try_from(after).map_err(|_| LedgerError::Overflow)
 }
