@@ -1684,6 +1684,70 @@ mod tests {
         assert_eq!(err.to_string(), "ERR no id left to generate: pass ID");
     }
 
+    /// Applies a plan's effects at `now`.
+    fn run(b: &mut Budget, now: i64, effects: &[Effect]) {
+        for e in effects {
+            b.apply(now, e).unwrap();
+        }
+    }
+
+    /// An expiry charge belongs to the period containing its deadline, whoever releases it
+    /// and when: a write after the boundary, the sweeper (which resets first), or nobody yet.
+    #[test]
+    fn expiry_charges_land_in_the_period_of_their_deadline() {
+        use crate::core::period::PeriodKind;
+        let day = 86_400_000;
+        let settings = Settings {
+            on_expire: OnExpire::Charge,
+            ..Settings::plain(1000, 0, None, 1000)
+        };
+        let period = Period::new(PeriodKind::Day, b"UTC", None).unwrap();
+        let t0 = 10 * day;
+        let mut b = Budget::new(settings, t0);
+        run(
+            &mut b,
+            t0,
+            &[Budget::plan_create(t0, settings, 0, period).unwrap()],
+        );
+        let p = Policy::default();
+        let end = t0 + day;
+        // Expires before midnight (its charge goes with the old day) and after (the new day).
+        let before = b
+            .plan_reserve(end - 500, &p, 100, Some(b"before"), Some(400))
+            .unwrap();
+        run(&mut b, end - 500, &before.effects);
+        let after = b
+            .plan_reserve(end - 400, &p, 7, Some(b"after"), Some(600))
+            .unwrap();
+        run(&mut b, end - 400, &after.effects);
+        let now = end + 300;
+        assert_eq!(b.view(end - 1).used, 100);
+        let want = b.view(now);
+        assert_eq!((want.used, want.reserved), (7, 0));
+        // The sweeper resets first, then releases both; the state reads the same.
+        let mut swept = b.clone();
+        let sweep = swept.plan_sweep(now, p.keep_ms, 10);
+        assert!(matches!(sweep.first(), Some(Effect::Reset { .. })));
+        assert!(sweep.contains(&Effect::Release {
+            id: Id::from_slice(b"before"),
+            on_expire: OnExpire::Charge,
+            charge: 0,
+        }));
+        run(&mut swept, now, &sweep);
+        assert_eq!(swept.view(now), want);
+        // A write after the boundary does the same in its upkeep.
+        let mut written = b.clone();
+        let charge = written.plan_charge(now, &p, 1, None, false).unwrap();
+        run(&mut written, now, &charge.effects);
+        assert_eq!(written.view(now).used, 8);
+        run(&mut swept, now, &charge.effects[charge.effects.len() - 1..]);
+        assert_eq!(swept, written);
+        // A late settle replaces the 7 charged in this day by its actual.
+        let late = written.plan_settle(now, &p, b"after", 2).unwrap();
+        run(&mut written, now, &late.effects);
+        assert_eq!(written.view(now).used, 3);
+    }
+
     #[test]
     fn the_ttl_error_spells_the_bound() {
         assert!(BAD_TTL.to_string().ends_with(&format!(" {MAX_TTL_MS} ms")));
