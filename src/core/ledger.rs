@@ -1742,6 +1742,15 @@ mod tests {
         assert_eq!(written.view(now).used, 8);
         run(&mut swept, now, &charge.effects[charge.effects.len() - 1..]);
         assert_eq!(swept, written);
+        // A reservation charged in a day that has ended: a late settle adds only what its
+        // actual exceeds that charge by (the closed day keeps its 100).
+        let mut early = b.clone();
+        let sweep = early.plan_sweep(end - 50, p.keep_ms, 10);
+        run(&mut early, end - 50, &sweep);
+        assert_eq!(early.view(end - 50).used, 100);
+        let late = early.plan_settle(now, &p, b"before", 150).unwrap();
+        run(&mut early, now, &late.effects);
+        assert_eq!(early.view(now).used, 7 + 50);
         // A late settle replaces the 7 charged in this day by its actual.
         let late = written.plan_settle(now, &p, b"after", 2).unwrap();
         run(&mut written, now, &late.effects);
