@@ -416,3 +416,100 @@ fn the_policy_in_force_at_expiry_applies() {
     let i = info_at(&mut c, "k", 1200);
     assert_eq!((i["used"], i["reserved"], i["available"]), (20, 0, 80));
 }
+
+/// Expiries that charged part of their amount are remembered in a side table: MEMORY USAGE
+/// counts it, DEBUG RELOAD and DUMP/RESTORE keep them exactly.
+#[test]
+fn partial_expiry_charges_are_counted_and_persisted() {
+    // The sweeper runs on the wall clock, far past these AT times: it is turned on once the
+    // reservations are made, and releases them all; ids are remembered for long.
+    let s = Server::start_with_module_args(
+        &[],
+        &[
+            "test-clock",
+            "yes",
+            "sweep-effort",
+            "0",
+            "finished-ttl",
+            "10000000000000",
+        ],
+    );
+    let mut c = s.conn();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "elapsed",
+            "LIMIT",
+            "1000000",
+            "ONEXPIRE",
+            "ELAPSED",
+            "UNIT",
+            "ms",
+            "AT",
+            "1000",
+        ],
+    );
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "free",
+            "LIMIT",
+            "1000000",
+            "UNIT",
+            "ms",
+            "AT",
+            "1000",
+        ],
+    );
+    // All granted at 1000, then all extended at 1050 (a key's time never goes back).
+    for key in ["elapsed", "free"] {
+        for i in 0..300 {
+            let id = format!("session-{i:04}");
+            #[rustfmt::skip]
+            ok(&mut c, &["QUOTA.RESERVE", key, "100", "ID", &id, "TTL", "100", "AT", "1000"]);
+        }
+        for i in 0..300 {
+            let id = format!("session-{i:04}");
+            ok(&mut c, &["QUOTA.EXTEND", key, &id, "100", "AT", "1050"]);
+        }
+    }
+    ok(&mut c, &["CONFIG", "SET", "quota.sweep-effort", "1000"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while info_section(&mut c, "quota")["quota_pending_reservations"] != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the sweeper did not release them"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // 50 ms from grant to heartbeat, each.
+    assert_eq!(info_at(&mut c, "elapsed", 2000)["used"], 300 * 50);
+    assert_eq!(info_at(&mut c, "free", 2000)["used"], 0);
+    let usage = |c: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("MEMORY").arg("USAGE").arg(key).query(c).unwrap()
+    };
+    let (elapsed, free) = (usage(&mut c, "elapsed"), usage(&mut c, "free"));
+    assert!(
+        elapsed > free + 300 * 32,
+        "MEMORY USAGE elapsed={elapsed} free={free}"
+    );
+    let before = all_digests(&mut c);
+    ok(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(all_digests(&mut c), before);
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("elapsed").query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg("copy")
+        .arg(0)
+        .arg(&dump)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(digest(&mut c, "copy"), digest(&mut c, "elapsed"));
+    // The charges are remembered: a late settle replaces one.
+    assert_eq!(
+        settle(&mut c, "copy", "session-0007", "20", 2000),
+        ("late".into(), 20)
+    );
+    assert_eq!(info_at(&mut c, "copy", 2000)["used"], 300 * 50 - 30);
+}
