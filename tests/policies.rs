@@ -513,3 +513,94 @@ fn partial_expiry_charges_are_counted_and_persisted() {
     );
     assert_eq!(info_at(&mut c, "copy", 2000)["used"], 300 * 50 - 30);
 }
+
+/// QUOTA.MRESERVE takes one KEEP for every budget key (window keys ignore it); QUOTA.MSETTLE
+/// takes ELAPSED in place of a budget key's actual.
+#[test]
+fn multi_key_keep_and_elapsed() {
+    let s = clock_server();
+    let mut c = s.conn();
+    ok(
+        &mut c,
+        &["QUOTA.SET", "b", "LIMIT", "100", "UNIT", "s", "AT", &at(T0)],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "w", "WINDOW", "2", "60000", "AT", &at(T0)],
+    );
+    let mreserve = |c: &mut redis::Connection, amount: &str, id: &str, keep: Option<&str>| {
+        let t = at(T0);
+        let mut cmd = vec!["QUOTA.MRESERVE", "2", "b", "w", amount, "1", "ID", id];
+        if let Some(k) = keep {
+            cmd.extend_from_slice(&["KEEP", k]);
+        }
+        cmd.extend_from_slice(&["AT", &t]);
+        items(&ok(c, &cmd))
+    };
+    let r = mreserve(&mut c, "70", "r1", Some("20"));
+    assert_eq!((int(&r[0]), int(&r[2])), (1, -1));
+    // b would keep 10 < 20: denied by b (index 0); the window, at 1 of 2, would admit.
+    let r = mreserve(&mut c, "20", "r2", Some("20"));
+    assert_eq!((int(&r[0]), int(&r[2]), int(&r[3])), (0, 0, -1));
+    // Without KEEP the headroom is there.
+    let r = mreserve(&mut c, "20", "r3", None);
+    assert_eq!(int(&r[0]), 1);
+    // KEEP is checked like any amount.
+    let (code, _) = err(&mut c, &["QUOTA.MRESERVE", "1", "b", "1", "KEEP", "-1"]);
+    assert_eq!(code, "ERR");
+
+    // ELAPSED for the budget, a count for the window: 2.5 s -> 3.
+    let rows = items(&ok(
+        &mut c,
+        &[
+            "QUOTA.MSETTLE",
+            "2",
+            "b",
+            "w",
+            "r1",
+            "ELAPSED",
+            "1",
+            "AT",
+            &at(T0 + 2500),
+        ],
+    ));
+    let b_row = items(&rows[0]);
+    assert_eq!((text(&b_row[0]), int(&b_row[1])), ("settled".into(), 3));
+    // A retry answers the first charge.
+    let rows = items(&ok(
+        &mut c,
+        &[
+            "QUOTA.MSETTLE",
+            "2",
+            "b",
+            "w",
+            "r1",
+            "ELAPSED",
+            "1",
+            "AT",
+            &at(T0 + 9000),
+        ],
+    ));
+    let b_row = items(&rows[0]);
+    assert_eq!((text(&b_row[0]), int(&b_row[1])), ("duplicate".into(), 3));
+    // ELAPSED on a window key is an error, and nothing changes anywhere.
+    let before = all_digests(&mut c);
+    let (code, msg) = err(
+        &mut c,
+        &[
+            "QUOTA.MSETTLE",
+            "2",
+            "b",
+            "w",
+            "r3",
+            "ELAPSED",
+            "ELAPSED",
+            "AT",
+            &at(T0 + 3000),
+        ],
+    );
+    assert_eq!(code, "ERR");
+    assert!(msg.contains("window"), "{msg}");
+    assert_eq!(all_digests(&mut c), before);
+    assert_eq!(info_at(&mut c, "b", T0 + 3000)["used"], 3);
+}
