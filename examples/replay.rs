@@ -668,6 +668,14 @@ fn thousands_i(n: i64) -> String {
     format!("{sign}{}", thousands(n.unsigned_abs()))
 }
 
+/// The server binary: `$REDIS_SERVER` (e.g. `valkey-server`), else `redis-server`.
+fn server_bin() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
 /// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
 /// to `--dir` before loading modules).
 fn module_path() -> Result<PathBuf> {
@@ -702,7 +710,7 @@ impl Server {
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("cannot find a free port: {e}"))?
             .port();
-        let child = Command::new("redis-server")
+        let child = Command::new(server_bin())
             .arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -720,7 +728,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run redis-server ({e}): install it with `make deps`"))?;
+            .map_err(|e| format!("cannot run {} ({e}): install it with `make deps`", server_bin()))?;
         let mut server = Server {
             port,
             module: module.to_path_buf(),
@@ -739,7 +747,8 @@ impl Server {
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!(
-                    "redis-server exited at startup ({status}); its log:\n{}",
+                    "{} exited at startup ({status}); its log:\n{}",
+                    server_bin(),
                     self.log()
                 )
                 .into());
@@ -752,7 +761,8 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         Err(format!(
-            "redis-server did not answer on port {} within 10 s; its log:\n{}",
+            "{} did not answer on port {} within 10 s; its log:\n{}",
+            server_bin(),
             self.port,
             self.log()
         )

@@ -1,5 +1,6 @@
-//! Test harness: each test starts its own redis-server (free port, the freshly built module, a
-//! temp dir) and stops it on drop. Never depends on a server already running.
+//! Test harness: each test starts its own server (free port, the freshly built module, a
+//! temp dir) and stops it on drop. Never depends on a server already running. The binary is
+//! `$REDIS_SERVER` (default `redis-server`; `make test` also runs everything on `valkey-server`).
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -16,6 +17,28 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub use redis::Value;
+
+/// The server binary every test starts: `$REDIS_SERVER` (e.g. `valkey-server`), else
+/// `redis-server`. `make test` runs the integration suite once with each.
+pub fn server_bin() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
+/// The matching command-line client: `$REDIS_CLI`, else the server's name with `-server`
+/// replaced by `-cli` (`valkey-server` -> `valkey-cli`).
+pub fn cli_bin() -> String {
+    if let Some(c) = std::env::var("REDIS_CLI").ok().filter(|s| !s.is_empty()) {
+        return c;
+    }
+    let server = server_bin();
+    match server.strip_suffix("-server") {
+        Some(stem) => format!("{stem}-cli"),
+        None => "redis-cli".into(),
+    }
+}
 
 /// Path of the module under test: `$QUOTA_MODULE`, else the debug build.
 pub fn module_path() -> PathBuf {
@@ -43,7 +66,7 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
-/// A redis-server with the module loaded, killed and cleaned up on drop.
+/// A server (`server_bin()`) with the module loaded, killed and cleaned up on drop.
 pub struct Server {
     pub port: u16,
     pub dir: PathBuf,
@@ -93,12 +116,12 @@ impl Server {
             }
             self.kill();
         }
-        panic!("redis-server did not start; log:\n{}", self.log());
+        panic!("{} did not start; log:\n{}", server_bin(), self.log());
     }
 
-    /// Starts redis-server on `self.port` and waits until it answers PING.
+    /// Starts the server on `self.port` and waits until it answers PING.
     fn launch(&mut self) -> bool {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_bin());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
@@ -118,7 +141,7 @@ impl Server {
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         let child = cmd
             .spawn()
-            .expect("redis-server must be installed (make deps)");
+            .unwrap_or_else(|e| panic!("cannot run {} ({e}): make deps", server_bin()));
         self.child = Some(child);
         self.wait_ready()
     }
