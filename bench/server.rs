@@ -97,7 +97,12 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run {} ({e}): install it with `make deps`", server_bin()))?;
+            .map_err(|e| {
+                format!(
+                    "cannot run {} ({e}): install it with `make deps`",
+                    server_bin()
+                )
+            })?;
         let mut server = Server { port, dir, child };
         server.wait_ready()?;
         Ok(server)

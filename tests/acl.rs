@@ -182,10 +182,25 @@ fn gateway_may_only_reserve_settle_rollback_extend_and_window_on_quota_keys() {
     }
     // Not its keys.
     assert_noperm(&mut root, &mut g, &["QUOTA.RESERVE", "acme", "1"], NO_KEY);
-    assert_noperm(&mut root, &mut g, &["QUOTA.SETTLE", "acme", "x", "1"], NO_KEY);
+    assert_noperm(
+        &mut root,
+        &mut g,
+        &["QUOTA.SETTLE", "acme", "x", "1"],
+        NO_KEY,
+    );
     assert_noperm(&mut root, &mut g, &["QUOTA.ROLLBACK", "acme", "x"], NO_KEY);
-    assert_noperm(&mut root, &mut g, &["QUOTA.EXTEND", "acme", "x", "1"], NO_KEY);
-    assert_noperm(&mut root, &mut g, &["QUOTA.WINDOW", "rpm:acme", "3", "60000"], NO_KEY);
+    assert_noperm(
+        &mut root,
+        &mut g,
+        &["QUOTA.EXTEND", "acme", "x", "1"],
+        NO_KEY,
+    );
+    assert_noperm(
+        &mut root,
+        &mut g,
+        &["QUOTA.WINDOW", "rpm:acme", "3", "60000"],
+        NO_KEY,
+    );
 
     // Nothing refused changed anything.
     let i = info(&mut root, "quota:acme");
@@ -232,7 +247,12 @@ fn admin_may_also_set_charge_and_read_but_only_quota_keys() {
     let i = info(&mut a, "quota:acme");
     assert_eq!((i["limit"], i["used"]), (2000, 12));
 
-    assert_noperm(&mut root, &mut a, &["QUOTA.SET", "acme", "LIMIT", "1"], NO_KEY);
+    assert_noperm(
+        &mut root,
+        &mut a,
+        &["QUOTA.SET", "acme", "LIMIT", "1"],
+        NO_KEY,
+    );
     assert_noperm(&mut root, &mut a, &["QUOTA.INFO", "acme"], NO_KEY);
     for args in [
         vec!["DEL", "quota:acme"],

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 pub use redis::Value;
 
+pub mod cluster;
+
 /// The server binary every test starts: `$REDIS_SERVER` (e.g. `valkey-server`), else
 /// `redis-server`. `make test` runs the integration suite once with each.
 pub fn server_bin() -> String {
@@ -51,6 +53,21 @@ pub fn module_path() -> PathBuf {
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().unwrap().port()
+}
+
+/// A free port whose cluster bus port (port + 10000) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().unwrap().port();
+        if port > 55535 {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair (port, port + 10000)");
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -109,8 +126,13 @@ impl Server {
     }
 
     fn spawn(&mut self) {
+        let cluster = self.args.iter().any(|a| a == "--cluster-enabled");
         for _attempt in 0..5 {
-            self.port = free_port();
+            self.port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
             if self.launch() {
                 return;
             }
@@ -147,7 +169,8 @@ impl Server {
     }
 
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Generous: a busy 2-CPU machine may start a dozen servers at once (tests/cluster.rs).
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(_)) = child.try_wait() {

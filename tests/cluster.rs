@@ -1,0 +1,484 @@
+//! Redis Cluster (issue 20): the module on a real 3-master + 3-replica cluster on loopback
+//! (tests/common/cluster.rs), driven through redis-rs's cluster client as a gateway would drive
+//! it: routing of every command, replica reads, a slot moved under load (ASK/MOVED), and
+//! failovers (graceful and SIGKILL) with acknowledged writes, the sweeper and replica digests.
+//! Runs on `$REDIS_SERVER` (redis-server, and valkey-server in `make test`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::cluster::*;
+use common::*;
+
+/// A `RESERVE` reply that granted: `[1, id, available, 0]`; returns `available`.
+fn granted(v: &Value, id: &str) -> i64 {
+    let r = items(v);
+    assert_eq!(
+        (int(&r[0]), text(&r[1]), int(&r[3])),
+        (1, id.to_string(), 0),
+        "{r:?}"
+    );
+    int(&r[2])
+}
+
+/// A `SETTLE` or `ROLLBACK` reply: (status, amount).
+fn status(v: &Value) -> (String, i64) {
+    let r = items(v);
+    (text(&r[0]), int(&r[1]))
+}
+
+#[test]
+fn every_command_routes_through_the_cluster_client_on_all_three_masters() {
+    let cl = Cluster::start(&[]);
+    let mut c = cl.client();
+    let masters = cl.masters();
+    assert_eq!(masters.len(), MASTERS);
+    for &m in &masters {
+        let tag = cl.tag_on(m, "t_");
+        let key = format!("quota:{tag}:key:k9:day");
+        let rpm = format!("quota:{tag}:rpm");
+        assert_eq!(cl.owner_of(&key), m);
+        assert_eq!(
+            gok(
+                &mut c,
+                &["QUOTA.SET", &key, "LIMIT", "1000", "TTL", "60000"]
+            ),
+            Value::Int(1)
+        );
+        let v = gok(&mut c, &["QUOTA.RESERVE", &key, "300", "ID", "r1"]);
+        assert_eq!(granted(&v, "r1"), 700);
+        // A retry: the same reply, nothing reserved twice.
+        let v = gok(&mut c, &["QUOTA.RESERVE", &key, "300", "ID", "r1"]);
+        assert_eq!(granted(&v, "r1"), 700);
+        assert_eq!(
+            gok(&mut c, &["QUOTA.EXTEND", &key, "r1", "120000"]),
+            Value::Int(120000)
+        );
+        let p = items(&gok(&mut c, &["QUOTA.PENDING", &key]));
+        assert_eq!(p.len(), 1);
+        let p0 = items(&p[0]);
+        assert_eq!((text(&p0[0]), int(&p0[1])), ("r1".to_string(), 300));
+        assert!(int(&p0[3]) > 60000, "the EXTEND's deadline: {p0:?}");
+        let s = items(&gok(&mut c, &["QUOTA.SETTLE", &key, "r1", "250"]));
+        assert_eq!(status(&Value::Array(s.clone())), ("settled".into(), 250));
+        assert_eq!(int(&s[2]), 750);
+        let v = gok(&mut c, &["QUOTA.RESERVE", &key, "100", "ID", "r2"]);
+        assert_eq!(granted(&v, "r2"), 650);
+        let rb = gok(&mut c, &["QUOTA.ROLLBACK", &key, "r2"]);
+        assert_eq!(status(&rb), ("rolledback".into(), 100));
+        let ch = items(&gok(&mut c, &["QUOTA.CHARGE", &key, "50", "ID", "c1"]));
+        assert_eq!((int(&ch[0]), int(&ch[1])), (1, 700));
+        // Denial and error codes come back through the client unchanged.
+        let deny = items(&gok(&mut c, &["QUOTA.RESERVE", &key, "5000"]));
+        assert_eq!(int(&deny[0]), 0);
+        let (code, _) = gerr(&mut c, &["QUOTA.SETTLE", &key, "nope", "1"]);
+        assert_eq!(code, "NORESERVATION");
+        let i = ginfo(&mut c, &key);
+        assert_eq!(
+            (
+                i["limit"],
+                i["used"],
+                i["reserved"],
+                i["available"],
+                i["pending"]
+            ),
+            (1000, 300, 0, 700, 0)
+        );
+        for expect_remaining in [1, 0] {
+            let w = items(&gok(&mut c, &["QUOTA.WINDOW", &rpm, "2", "60000"]));
+            assert_eq!((int(&w[0]), int(&w[1])), (1, expect_remaining));
+        }
+        let w = items(&gok(&mut c, &["QUOTA.WINDOW", &rpm, "2", "60000"]));
+        assert_eq!(int(&w[0]), 0, "the third call in the window is denied");
+        // The internal commands are routed too, and refused from a client there.
+        let (code, msg) = gerr(&mut c, &["QUOTA.APPLY", &key, "1", "CHARGE", "1", "0"]);
+        assert_eq!(code, "ERR", "{msg}");
+        assert!(msg.contains("internal"), "{msg}");
+        let (code, msg) = gerr(&mut c, &["QUOTA.LOAD", &key, "rq-budget", "2", "x"]);
+        assert_eq!(code, "ERR", "{msg}");
+        let (code, msg) = gerr(
+            &mut c,
+            &["QUOTA.WAPPLY", &rpm, "1", "60000", "1000", "1", "-1"],
+        );
+        assert_eq!(code, "ERR", "{msg}");
+    }
+    // Each master holds exactly its own tenant's two keys: the client routed by slot.
+    for &m in &masters {
+        let tag = cl.tag_on(m, "t_");
+        let mut mine = vec![
+            format!("quota:{tag}:key:k9:day"),
+            format!("quota:{tag}:rpm"),
+        ];
+        mine.sort();
+        assert_eq!(keys(&mut cl.conn(m)), mine, "keys on master {m}");
+    }
+    // A plain connection to the wrong master is redirected (the key positions are declared).
+    let key = format!("quota:{}:key:k9:day", cl.tag_on(masters[0], "t_"));
+    let (code, msg) = gerr(&mut cl.conn(masters[1]), &["QUOTA.RESERVE", &key, "1"]);
+    assert_eq!(code, "MOVED", "{msg}");
+    assert!(
+        msg.contains(&format!(":{}", cl.nodes[masters[0]].port)),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_replica_answers_info_and_pending_with_readonly_with_the_masters_values() {
+    let cl = Cluster::start(&[]);
+    let mut c = cl.client();
+    let masters = cl.masters();
+    let key_of = |m: usize| format!("quota:{}:day", cl.tag_on(m, "r_"));
+    for (n, &m) in masters.iter().enumerate() {
+        let key = key_of(m);
+        let n = n as i64;
+        gok(
+            &mut c,
+            &["QUOTA.SET", &key, "LIMIT", "1000", "TTL", "600000"],
+        );
+        gok(
+            &mut c,
+            &["QUOTA.RESERVE", &key, &(10 + n).to_string(), "ID", "a"],
+        );
+        gok(&mut c, &["QUOTA.RESERVE", &key, "20", "ID", "b"]);
+        gok(&mut c, &["QUOTA.RESERVE", &key, "30", "ID", "c"]);
+        gok(&mut c, &["QUOTA.SETTLE", &key, "b", &(7 + n).to_string()]);
+        gok(&mut c, &["QUOTA.CHARGE", &key, "5"]);
+    }
+    cl.wait_synced();
+    for (n, &m) in masters.iter().enumerate() {
+        let key = key_of(m);
+        let r = cl.replica_of(m);
+        let mut mc = cl.conn(m);
+        let want_info = ginfo(&mut mc, &key);
+        let want_pending = gpending(&mut mc, &key);
+        let n = n as i64;
+        assert_eq!(
+            (
+                want_info["used"],
+                want_info["reserved"],
+                want_info["pending"]
+            ),
+            (12 + n, 40 + n, 2)
+        );
+        let mut rc = cl.conn(r);
+        // Without READONLY a replica redirects to its master.
+        let (code, msg) = gerr(&mut rc, &["QUOTA.INFO", &key]);
+        assert_eq!(code, "MOVED", "{msg}");
+        assert!(msg.ends_with(&format!(":{}", cl.nodes[m].port)), "{msg}");
+        ok(&mut rc, &["READONLY"]);
+        assert_eq!(ginfo(&mut rc, &key), want_info, "QUOTA.INFO on replica {r}");
+        assert_eq!(
+            gpending(&mut rc, &key),
+            want_pending,
+            "QUOTA.PENDING on {r}"
+        );
+        let want: BTreeMap<String, i64> = [("a".to_string(), 10 + n), ("c".to_string(), 30)].into();
+        assert_eq!(want_pending, want);
+        // Writes still go to the master, READONLY or not; the replica changed nothing.
+        let (code, msg) = gerr(&mut rc, &["QUOTA.RESERVE", &key, "1"]);
+        assert_eq!(code, "MOVED", "{msg}");
+        let (code, _) = gerr(&mut rc, &["QUOTA.WINDOW", &key, "1", "1000"]);
+        assert_eq!(code, "MOVED");
+        assert_eq!(ginfo(&mut mc, &key), want_info);
+    }
+}
+
+/// What the load thread did: per id, (amount, settled actual).
+type Log = BTreeMap<String, (i64, Option<i64>)>;
+
+/// A gateway thread on its own cluster client: reserves on `budget` (ids `w<i>`), settles two
+/// of three (retrying every fifth settle), counts a call in `window`, until `stop`. Every
+/// reply is checked as it comes: a failure fails the test.
+fn load_thread(
+    urls: Vec<String>,
+    budget: String,
+    window: String,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+) -> JoinHandle<Log> {
+    std::thread::spawn(move || {
+        let mut c = redis::cluster::ClusterClientBuilder::new(urls)
+            .retries(30)
+            .response_timeout(Duration::from_secs(20))
+            .build()
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut log = Log::new();
+        for i in 0..1_000_000u64 {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let id = format!("w{i}");
+            let amount = 1 + (i % 7) as i64;
+            let v = gok(
+                &mut c,
+                &[
+                    "QUOTA.RESERVE",
+                    &budget,
+                    &amount.to_string(),
+                    "ID",
+                    &id,
+                    "TTL",
+                    "600000",
+                ],
+            );
+            granted(&v, &id);
+            let mut actual = None;
+            if i % 3 != 0 {
+                let a = amount - 1;
+                let s = gok(&mut c, &["QUOTA.SETTLE", &budget, &id, &a.to_string()]);
+                assert_eq!(status(&s), ("settled".into(), a), "{id}");
+                if i % 5 == 0 {
+                    let s = gok(&mut c, &["QUOTA.SETTLE", &budget, &id, &a.to_string()]);
+                    assert_eq!(status(&s), ("duplicate".into(), a), "{id} retried");
+                }
+                actual = Some(a);
+            }
+            let w = items(&gok(
+                &mut c,
+                &["QUOTA.WINDOW", &window, "1000000", "600000"],
+            ));
+            assert_eq!(int(&w[0]), 1, "window call {i}");
+            log.insert(id, (amount, actual));
+            done.fetch_add(1, Ordering::SeqCst);
+        }
+        log
+    })
+}
+
+/// Polls until the load thread has completed `n` more iterations (it must still be running).
+fn wait_progress(done: &AtomicU64, worker: &JoinHandle<Log>, n: u64) {
+    let target = done.load(Ordering::SeqCst) + n;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done.load(Ordering::SeqCst) < target {
+        assert!(!worker.is_finished(), "the load thread stopped (failed)");
+        assert!(
+            Instant::now() < deadline,
+            "the load thread made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn resharding_a_slot_under_load_keeps_every_reservation_and_id() {
+    let cl = Cluster::start(&[]);
+    let masters = cl.masters();
+    let (src, dst) = (masters[0], masters[1]);
+    let tag = cl.tag_on(src, "acme_");
+    let slot = cl.keyslot(&tag);
+    let budget = format!("quota:{tag}:day");
+    let window = format!("quota:{tag}:rpm");
+    let quiet = format!("quota:{tag}:month");
+    let mut c = cl.client();
+    const LIMIT: i64 = 1_000_000_000;
+    gok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            &budget,
+            "LIMIT",
+            &LIMIT.to_string(),
+            "TTL",
+            "600000",
+        ],
+    );
+    gok(
+        &mut c,
+        &["QUOTA.SET", &quiet, "LIMIT", "5000", "TTL", "600000"],
+    );
+    // Before the move: 40 reservations, the even ones settled; a quiet key with a pending one.
+    let mut model = Log::new();
+    for i in 0..40i64 {
+        let id = format!("p{i}");
+        let v = gok(
+            &mut c,
+            &["QUOTA.RESERVE", &budget, &(10 + i).to_string(), "ID", &id],
+        );
+        granted(&v, &id);
+        let mut actual = None;
+        if i % 2 == 0 {
+            gok(&mut c, &["QUOTA.SETTLE", &budget, &id, &i.to_string()]);
+            actual = Some(i);
+        }
+        model.insert(id, (10 + i, actual));
+    }
+    gok(&mut c, &["QUOTA.RESERVE", &quiet, "700", "ID", "q1"]);
+    for _ in 0..30 {
+        gok(&mut c, &["QUOTA.WINDOW", &window, "1000000", "600000"]);
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let worker = load_thread(
+        cl.urls(),
+        budget.clone(),
+        window.clone(),
+        stop.clone(),
+        done.clone(),
+    );
+    wait_progress(&done, &worker, 20);
+
+    // The move, step by step as `redis-cli --cluster reshard` does it; the load thread keeps
+    // going, and is polled to have made progress between the steps.
+    let (src_id, dst_id) = (cl.ids[src].clone(), cl.ids[dst].clone());
+    let s = slot.to_string();
+    ok(
+        &mut cl.conn(dst),
+        &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id],
+    );
+    ok(
+        &mut cl.conn(src),
+        &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id],
+    );
+    wait_progress(&done, &worker, 10);
+    let mut in_slot: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut cl.conn(src))
+        .unwrap();
+    in_slot.sort();
+    let mut expect = vec![budget.clone(), window.clone(), quiet.clone()];
+    expect.sort();
+    assert_eq!(in_slot, expect);
+    let dst_port = cl.nodes[dst].port.to_string();
+    // The busy budget first: while the window is still on the source, every RESERVE gets ASK.
+    for key in [&budget, &window, &quiet] {
+        let r = ok(
+            &mut cl.conn(src),
+            &[
+                "MIGRATE",
+                "127.0.0.1",
+                &dst_port,
+                "",
+                "0",
+                "10000",
+                "KEYS",
+                key,
+            ],
+        );
+        assert_eq!(r, Value::Okay, "MIGRATE {key}");
+        wait_progress(&done, &worker, 10);
+    }
+    assert_eq!(
+        ok(&mut cl.conn(src), &["CLUSTER", "COUNTKEYSINSLOT", &s]),
+        Value::Int(0)
+    );
+    // The target first, then the source, then the other masters (replicas learn it by gossip).
+    for i in std::iter::once(dst)
+        .chain(std::iter::once(src))
+        .chain(masters.iter().copied().filter(|&i| i != src && i != dst))
+    {
+        ok(
+            &mut cl.conn(i),
+            &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id],
+        );
+    }
+    // After the move: the client's MOVED path.
+    wait_progress(&done, &worker, 20);
+    stop.store(true, Ordering::SeqCst);
+    let log = worker.join().expect("the load thread failed");
+    cl.wait_stable();
+    assert_eq!(cl.owner_of_slot(slot), dst);
+    // The client was sent on by ASK while the slot was split, and by MOVED after.
+    assert!(
+        command_calls(&mut cl.conn(dst), "asking") > 0,
+        "no ASKING reached the target while the slot was migrating"
+    );
+
+    model.extend(log.clone());
+    let used: i64 = model.values().filter_map(|(_, a)| *a).sum();
+    let pending: BTreeMap<String, i64> = model
+        .iter()
+        .filter(|(_, (_, a))| a.is_none())
+        .map(|(id, (amount, _))| (id.clone(), *amount))
+        .collect();
+    let reserved: i64 = pending.values().sum();
+    // Every reservation is there, on the new master, and the totals reconcile exactly.
+    let mut d = cl.conn(dst);
+    assert_eq!(gpending(&mut d, &budget), pending);
+    let i = ginfo(&mut c, &budget);
+    assert_eq!(
+        (
+            i["limit"],
+            i["used"],
+            i["reserved"],
+            i["available"],
+            i["pending"]
+        ),
+        (
+            LIMIT,
+            used,
+            reserved,
+            LIMIT - used - reserved,
+            pending.len() as i64
+        )
+    );
+    assert_eq!(gpending(&mut c, &quiet), [("q1".to_string(), 700)].into());
+    let w = items(&gok(
+        &mut c,
+        &["QUOTA.WINDOW", &window, "1000000", "600000", "PEEK"],
+    ));
+    assert_eq!(
+        int(&w[1]),
+        1_000_000 - 30 - log.len() as i64,
+        "window count"
+    );
+
+    // Retries with the same ids behave as before the move.
+    let available = i["available"];
+    let v = gok(&mut c, &["QUOTA.RESERVE", &budget, "11", "ID", "p1"]);
+    assert_eq!(
+        granted(&v, "p1"),
+        available,
+        "a retried RESERVE reserves nothing"
+    );
+    let s = gok(&mut c, &["QUOTA.SETTLE", &budget, "p2", "2"]);
+    assert_eq!(status(&s), ("duplicate".into(), 2));
+    let (code, _) = gerr(&mut c, &["QUOTA.SETTLE", &budget, "p2", "3"]);
+    assert_eq!(code, "CONFLICT");
+    let (code, _) = gerr(&mut c, &["QUOTA.RESERVE", &budget, "10", "ID", "p0"]);
+    assert_eq!(code, "CONFLICT", "a settled id cannot be reserved again");
+    let w1 = model["w1"];
+    let s = gok(
+        &mut c,
+        &["QUOTA.SETTLE", &budget, "w1", &w1.1.unwrap().to_string()],
+    );
+    assert_eq!(status(&s).0, "duplicate");
+    assert_eq!(ginfo(&mut c, &budget), i, "retries changed nothing");
+    // Every pending reservation settles (or rolls back) exactly once.
+    let mut used = used;
+    for (n, (id, amount)) in pending.iter().enumerate() {
+        if n % 4 == 0 {
+            let r = gok(&mut c, &["QUOTA.ROLLBACK", &budget, id]);
+            assert_eq!(status(&r), ("rolledback".into(), *amount));
+        } else {
+            let s = gok(&mut c, &["QUOTA.SETTLE", &budget, id, &amount.to_string()]);
+            assert_eq!(status(&s), ("settled".into(), *amount));
+            used += amount;
+        }
+    }
+    let i = ginfo(&mut c, &budget);
+    assert_eq!(
+        (i["used"], i["reserved"], i["available"]),
+        (used, 0, LIMIT - used)
+    );
+    // The new master's replica has the same values.
+    cl.wait_synced();
+    let r = cl.replica_of(dst);
+    assert_eq!(cl.digests(r), cl.digests(dst));
+}
