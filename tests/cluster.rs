@@ -317,6 +317,11 @@ fn resharding_a_slot_under_load_keeps_every_reservation_and_id() {
         model.insert(id, (10 + i, actual));
     }
     gok(&mut c, &["QUOTA.RESERVE", &quiet, "700", "ID", "q1"]);
+    // One that comes due around the move. The source's sweeper is off, so only the target's
+    // (which takes the key over from MIGRATE's RESTORE) can release it.
+    ok(&mut cl.conn(src), &["CONFIG", "SET", "quota.sweep-effort", "0"]);
+    gok(&mut c, &["QUOTA.RESERVE", &quiet, "50", "ID", "q2", "TTL", "1500"]);
+    let dst_released = info_int(&mut cl.conn(dst), "quota", "quota_sweeper_released");
     for _ in 0..30 {
         gok(&mut c, &["QUOTA.WINDOW", &window, "1000000", "600000"]);
     }
@@ -429,6 +434,17 @@ fn resharding_a_slot_under_load_keeps_every_reservation_and_id() {
         )
     );
     assert_eq!(gpending(&mut c, &quiet), [("q1".to_string(), 700)].into());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while info_int(&mut d, "quota", "quota_sweeper_released") < dst_released + 1 {
+        assert!(Instant::now() < deadline, "the target's sweeper did not release q2");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        info_int(&mut d, "quota", "quota_sweeper_released"),
+        dst_released + 1
+    );
+    let q = ginfo(&mut c, &quiet);
+    assert_eq!((q["reserved"], q["pending"], q["available"]), (700, 1, 4300));
     let w = items(&gok(
         &mut c,
         &["QUOTA.WINDOW", &window, "1000000", "600000", "PEEK"],
