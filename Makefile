@@ -28,13 +28,14 @@ build: deps
 release: deps
 	$(CARGO) build --release
 
-## run: Redis in the foreground with the release module and redis.conf.example (PORT=6379),
-## in a fresh temp dir each time (its AOF is not reused: every run starts empty).
+## run: Redis (or REDIS_SERVER=valkey-server) in the foreground with the release module and
+## redis.conf.example (PORT=6379), in a fresh temp dir each time (its AOF is not reused: every
+## run starts empty).
 run: release
 	@set -e; dir=$$(mktemp -d -t redis-quota-run.XXXXXX); trap 'rm -rf "$$dir"' EXIT; \
 	sed 's#^loadmodule \./#loadmodule $(CURDIR)/#' redis.conf.example > $$dir/redis.conf; \
 	echo "make run: a fresh server; its data (AOF) goes to $$dir, removed when it stops"; \
-	redis-server $$dir/redis.conf --port $(PORT) --dir $$dir & pid=$$!; \
+	$(REDIS_SERVER) $$dir/redis.conf --port $(PORT) --dir $$dir & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null || true' INT TERM HUP; \
 	while kill -0 $$pid 2>/dev/null; do wait $$pid || true; done
 
