@@ -12,7 +12,7 @@ TEST_SERVERS   ?= redis-server valkey-server
 # Test files that start servers (the others are pure unit/property tests: run once).
 SERVER_TESTS   := $(sort $(basename $(notdir $(shell grep -lE '^mod (common|reliability);' tests/*.rs))))
 
-.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak cluster clean
+.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak cluster clean venv pytest pylint gateway
 
 ## deps: install what is missing (scripts/deps.sh: redis-server, valkey-server from
 ## bookworm-backports on Debian 12, libclang-dev for bindgen, postgresql, python3-venv).
@@ -40,7 +40,7 @@ run: release
 	while kill -0 $$pid 2>/dev/null; do wait $$pid || true; done
 
 ## test: everything — unit and property tests, then the integration suite (each test starts its
-## own servers, tests/cluster.rs a 3+3 cluster) once per server in TEST_SERVERS.
+## own servers, tests/cluster.rs a 3+3 cluster) once per server in TEST_SERVERS, then pytest.
 test: build
 	@set -e; first=1; for server in $(TEST_SERVERS); do \
 	  echo "== make test: $$server ($$($$server --version | cut -d' ' -f1-3))"; \
@@ -52,6 +52,7 @@ test: build
 	  fi; \
 	  first=0; \
 	done
+	$(MAKE) --no-print-directory pytest
 
 ## cluster: a 3-master + 3-replica cluster on loopback with the release module, for trying it
 ## out (scripts/cluster.sh; PORT=first port, default 30001; REDIS_SERVER=valkey-server for
@@ -95,9 +96,54 @@ soak: release
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(MAKE) --no-print-directory pylint
 
 fmt:
 	$(CARGO) fmt --all
+
+## venv: .venv (python3 -m venv) with the Python client (clients/python) and the gateway example
+## (examples/gateway) installed editable, with their test tools (pytest, httpx, mypy, ruff).
+PYTHON ?= python3
+VENV   := .venv
+PY_PROJECTS := clients/python examples/gateway
+$(VENV)/.installed: clients/python/pyproject.toml examples/gateway/pyproject.toml
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { echo "venv: $(PYTHON) cannot make a venv — run: apt-get install -y python3-venv"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e 'clients/python[test]' -e 'examples/gateway[test]'
+	touch $@
+venv: $(VENV)/.installed
+
+## pytest: the Python client's and the gateway's tests (each starts its own redis-server with the
+## debug module, the gateway's also uvicorn, on free ports).
+pytest: build venv
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(VENV)/bin/pytest -q -p no:cacheprovider --rootdir=$(CURDIR) clients/python/tests examples/gateway/tests
+
+## pylint: ruff (lint + format check) and mypy --strict over the Python client and the gateway.
+pylint: venv
+	$(VENV)/bin/ruff check $(PY_PROJECTS)
+	$(VENV)/bin/ruff format --check $(PY_PROJECTS)
+	cd clients/python && $(CURDIR)/$(VENV)/bin/mypy src tests
+	cd examples/gateway && MYPYPATH=tests $(CURDIR)/$(VENV)/bin/mypy quota_gateway tests
+
+## gateway: the example gateway (docs/gateway.md) on GATEWAY_PORT (8000) in the foreground, over a
+## fresh redis-server with the release module on GATEWAY_REDIS_PORT (6390), provisioned from
+## examples/gateway/tenants.example.json (GATEWAY_CONFIG=...). REDIS_URL=... uses a running
+## server instead.
+GATEWAY_PORT       ?= 8000
+GATEWAY_REDIS_PORT ?= 6390
+gateway: release venv
+	@set -e; if [ -n "$$REDIS_URL" ]; then \
+	  exec $(VENV)/bin/python -m quota_gateway --provision --port $(GATEWAY_PORT); fi; \
+	dir=$$(mktemp -d -t redis-quota-gateway.XXXXXX); \
+	redis-server --port $(GATEWAY_REDIS_PORT) --bind 127.0.0.1 --dir $$dir --save '' --appendonly no \
+	  --loadmodule $(CURDIR)/$(MODULE_RELEASE) > $$dir/redis.log 2>&1 & rpid=$$!; \
+	trap 'kill $$rpid 2>/dev/null || true; rm -rf "$$dir"' EXIT INT TERM HUP; \
+	until redis-cli -p $(GATEWAY_REDIS_PORT) ping >/dev/null 2>&1; do \
+	  kill -0 $$rpid 2>/dev/null || { cat $$dir/redis.log; exit 1; }; sleep 0.1; done; \
+	echo "make gateway: redis-server on port $(GATEWAY_REDIS_PORT) (data in $$dir, removed on exit)"; \
+	REDIS_URL=redis://127.0.0.1:$(GATEWAY_REDIS_PORT)/0 $(VENV)/bin/python -m quota_gateway \
+	  --provision --port $(GATEWAY_PORT)
 
 clean:
 	$(CARGO) clean

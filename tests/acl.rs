@@ -62,7 +62,7 @@ const NO_COMMAND: Refused = Refused::Command;
 const NO_KEY: Refused = Refused::Key;
 
 /// `args` fails with code NOPERM and the server's ACL LOG (read through `root`) records the
-/// refusal of what `what` names: the command (`quota.set`, `config|set`) or the key `args[1]`.
+/// refusal of what `what` names: the command (`quota.set`, `config|set`) or one of its keys.
 /// Checks the code and the log entry's fields, not a sentence: Redis 7.0 and Valkey 8 word
 /// NOPERM messages differently.
 fn assert_noperm(
@@ -78,9 +78,9 @@ fn assert_noperm(
         "config" | "acl" | "client" => format!("{name}|{}", args[1].to_lowercase()),
         _ => name,
     };
-    let (reason, object) = match what {
-        Refused::Command => ("command", command.clone()),
-        Refused::Key => ("key", args[1].to_string()),
+    let reason = match what {
+        Refused::Command => "command",
+        Refused::Key => "key",
     };
     let log = items(&ok(root, &["ACL", "LOG", "1"]));
     assert_eq!(log.len(), 1, "{args:?}: no ACL LOG entry");
@@ -92,16 +92,24 @@ fn assert_noperm(
         })
         .collect();
     assert_eq!(fields["reason"], reason, "{args:?}: {fields:?}");
-    // A command is logged under its registered name (`QUOTA.SET`, `config|set`).
-    assert_eq!(
-        fields["object"].to_lowercase(),
-        object.to_lowercase(),
-        "{args:?}: {fields:?}"
-    );
-    if let Refused::Command = what {
-        // Both servers name a refused command in quotes in the message.
-        let quoted = format!("'{command}'");
-        assert!(msg.to_lowercase().contains(&quoted), "{args:?}: {msg}");
+    let object = &fields["object"];
+    match what {
+        Refused::Command => {
+            // Logged under its registered name (`QUOTA.SET`, `config|set`); both servers name
+            // it in quotes in the message.
+            assert_eq!(object.to_lowercase(), command, "{args:?}: {fields:?}");
+            let quoted = format!("'{command}'");
+            assert!(msg.to_lowercase().contains(&quoted), "{args:?}: {msg}");
+        }
+        Refused::Key => {
+            // One of the command's keys (as the server finds them), outside the `~quota:*`
+            // pattern of the documented users.
+            let mut getkeys = vec!["COMMAND", "GETKEYS"];
+            getkeys.extend_from_slice(args);
+            let keys: Vec<String> = items(&ok(root, &getkeys)).iter().map(text).collect();
+            assert!(keys.contains(object), "{args:?}: {object} not in {keys:?}");
+            assert!(!object.starts_with("quota:"), "{args:?}: {fields:?}");
+        }
     }
 }
 
@@ -151,6 +159,60 @@ fn gateway_may_only_reserve_settle_rollback_extend_and_window_on_quota_keys() {
         &["QUOTA.WINDOW", "quota:rpm:acme", "3", "60000"],
     ));
     assert_eq!(w[0], Value::Int(1));
+    // The multi-key commands, on its keys: the ACL checks every key their key spec names.
+    ok(
+        &mut root,
+        &["QUOTA.SET", "quota:tpm:acme", "WINDOW", "1000", "60000"],
+    );
+    let m = items(&ok(
+        &mut g,
+        &[
+            "QUOTA.MRESERVE",
+            "2",
+            "quota:acme",
+            "quota:tpm:acme",
+            "10",
+            "10",
+            "ID",
+            "m",
+        ],
+    ));
+    assert_eq!(m[0], Value::Int(1));
+    ok(
+        &mut g,
+        &[
+            "QUOTA.MEXTEND",
+            "2",
+            "quota:acme",
+            "quota:tpm:acme",
+            "m",
+            "1000",
+        ],
+    );
+    ok(
+        &mut g,
+        &[
+            "QUOTA.MSETTLE",
+            "2",
+            "quota:acme",
+            "quota:tpm:acme",
+            "m",
+            "5",
+            "5",
+        ],
+    );
+    assert_noperm(
+        &mut root,
+        &mut g,
+        &["QUOTA.MRESERVE", "2", "quota:acme", "acme", "1", "1"],
+        NO_KEY,
+    );
+    assert_noperm(
+        &mut root,
+        &mut g,
+        &["QUOTA.MROLLBACK", "2", "quota:acme", "acme", "m"],
+        NO_KEY,
+    );
 
     // Not its commands.
     for args in [
@@ -204,7 +266,8 @@ fn gateway_may_only_reserve_settle_rollback_extend_and_window_on_quota_keys() {
 
     // Nothing refused changed anything.
     let i = info(&mut root, "quota:acme");
-    assert_eq!((i["limit"], i["used"], i["reserved"]), (1000, 42, 0));
+    // 42 settled by SETTLE, 5 by MSETTLE.
+    assert_eq!((i["limit"], i["used"], i["reserved"]), (1000, 47, 0));
     assert_eq!(info(&mut root, "acme")["reserved"], 0);
     assert_eq!(
         ok(&mut root, &["EXISTS", "quota:new", "rpm:acme"]),

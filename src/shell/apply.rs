@@ -7,7 +7,7 @@ use redis_module::{Context, RedisError, RedisString};
 
 use crate::core::ledger::{Budget, Effect, View};
 use crate::shell::reply::error_reply;
-use crate::shell::{events, replicate, stats, sweeper};
+use crate::shell::{events, replicate, stats, sweep_index};
 
 /// Applies effects to a budget in place (master path) and replicates the ones applied.
 /// Returns the budget's view at `at` afterwards, or the error that stopped the effects (the
@@ -77,7 +77,7 @@ pub fn apply_counted(
     events::notify(ctx, key_name, applied, || {
         view.get_or_insert_with(|| budget.view(at)).available
     });
-    sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
+    sweep_index::track_budget(sweep_index::selected_db(ctx), key_name.as_slice(), budget);
     (result, view)
 }
 
