@@ -787,30 +787,10 @@ fn a_master_killed_with_sigkill_loses_no_acknowledged_write() {
     check_old_master_stays_passive(&cl, &mut c, m, r, &h.short.replace(":short", ":next"));
 }
 
-/// Whether the server has `name` (`COMMAND INFO` answers nil for an unknown command).
-fn has_command(c: &mut redis::Connection, name: &str) -> bool {
-    items(&ok(c, &["COMMAND", "INFO", name]))
-        .first()
-        .is_some_and(|v| *v != Value::Nil)
-}
-
 /// Multi-key commands (issue 19): keys in different slots are refused with CROSSSLOT (nothing
 /// changes); a request's keys under one `{tenant}` hash tag work through the cluster client.
-///
-/// GUARDED: runs only where the module has QUOTA.MRESERVE (issue 19, branch `multi`); on a
-/// build without it, it checks that the command is unknown and says it did not run.
 #[test]
 fn multi_key_commands_get_crossslot_across_slots_and_work_under_one_hash_tag() {
-    {
-        let s = Server::start(&[]);
-        let mut c = s.conn();
-        if !has_command(&mut c, "QUOTA.MRESERVE") {
-            let (code, _) = err(&mut c, &["QUOTA.MRESERVE", "1", "k", "1"]);
-            assert_eq!(code, "ERR");
-            eprintln!("NOT RUN: QUOTA.MRESERVE is not in this build (issue 19 not merged)");
-            return;
-        }
-    }
     let cl = Cluster::start(&[]);
     let masters = cl.masters();
     let mut m0 = cl.conn(masters[0]);
