@@ -40,7 +40,8 @@ run: release
 	while kill -0 $$pid 2>/dev/null; do wait $$pid || true; done
 
 ## test: everything — unit and property tests, then the integration suite (each test starts its
-## own servers, tests/cluster.rs a 3+3 cluster) once per server in TEST_SERVERS, then pytest.
+## own servers, tests/cluster.rs a 3+3 cluster) and the Python tests (make pytest) once per
+## server in TEST_SERVERS.
 test: build
 	@set -e; first=1; for server in $(TEST_SERVERS); do \
 	  echo "== make test: $$server ($$($$server --version | cut -d' ' -f1-3))"; \
@@ -50,9 +51,9 @@ test: build
 	    QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) REDIS_SERVER=$$server \
 	      $(CARGO) test $(addprefix --test ,$(SERVER_TESTS)) -- --test-threads=2; \
 	  fi; \
+	  REDIS_SERVER=$$server $(MAKE) --no-print-directory pytest; \
 	  first=0; \
 	done
-	$(MAKE) --no-print-directory pytest
 
 ## cluster: a 3-master + 3-replica cluster on loopback with the release module, for trying it
 ## out (scripts/cluster.sh; PORT=first port, default 30001; REDIS_SERVER=valkey-server for
