@@ -561,7 +561,7 @@ impl Plain {
                 .as_nanos()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let child = std::process::Command::new("redis-server")
+        let child = std::process::Command::new(server_bin())
             .args(["--port", "0", "--save", "", "--dir"])
             .arg(&dir)
             .arg("--logfile")
