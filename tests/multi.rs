@@ -954,8 +954,8 @@ fn a_multi_key_write_is_one_mapply_line_replayed_from_the_aof() {
     // Internal: refused from a client, whatever it carries.
     for args in [
         &["QUOTA.MAPPLY", "1", KEYS[0], "B 3:1 x"][..],
-        &["QUOTA.MAPPLY", "1", KEYS[0]],
-        &["QUOTA.MAPPLY", "0", "x"],
+        &["QUOTA.MAPPLY", "2", KEYS[0], KEYS[1], "B 3:1 x W 3:1 y"],
+        &["QUOTA.MAPPLY", "0", "x", "y"],
     ] {
         let (code, msg) = err(&mut c, args);
         assert_eq!(code, "ERR", "{args:?}");
