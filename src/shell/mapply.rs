@@ -196,8 +196,9 @@ mod tests {
         let mut inner = Packed::with_capacity(64);
         inner.int(5);
         effects::write(
-            &Effect::Release {
+            &Effect::Extend {
                 id: b"r1"[..].into(),
+                deadline_ms: 9,
             },
             &mut inner,
         );
