@@ -659,13 +659,18 @@ fn effect() -> impl Strategy<Value = Effect> {
         id.clone().prop_map(|id| Effect::Rollback { id }),
         id.clone().prop_map(|id| Effect::Release { id }),
         (id.clone(), n.clone()).prop_map(|(id, deadline_ms)| Effect::Extend { id, deadline_ms }),
-        (n.clone(), n.clone(), proptest::option::of(id.clone())).prop_map(
-            |(amount, overrun, id)| Effect::Charge {
+        (
+            n.clone(),
+            n.clone(),
+            proptest::option::of(id.clone()),
+            any::<bool>()
+        )
+            .prop_map(|(amount, overrun, id, forced)| Effect::Charge {
                 amount,
                 overrun,
-                id
-            }
-        ),
+                id,
+                forced
+            }),
         id.prop_map(|id| Effect::Forget { id }),
     ]
 }

@@ -254,6 +254,7 @@ enum Change {
         amount: i64,
         overrun: i64,
         id: Option<Vec<u8>>,
+        forced: bool,
     },
 }
 
@@ -582,6 +583,7 @@ impl Model {
                         amount,
                         overrun,
                         id: id.clone(),
+                        forced: force,
                     },
                 )
             }
@@ -635,10 +637,12 @@ impl Model {
                 amount,
                 overrun,
                 id,
+                forced,
             } => Effect::Charge {
                 amount: *amount,
                 overrun: *overrun,
                 id: id.as_deref().map(b),
+                forced: *forced,
             },
         })
     }
@@ -736,6 +740,7 @@ impl Model {
                 amount,
                 overrun,
                 id,
+                ..
             } => {
                 self.used += amount as i128;
                 self.add_overrun(overrun);

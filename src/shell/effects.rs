@@ -6,6 +6,8 @@
 //! - `GRANT id amount deadline_ms` · `SETTLE id actual` · `LATE id actual` · `ROLLBACK id`
 //! - `RELEASE id` · `EXTEND id deadline_ms` · `CHARGE amount overrun` · `CHARGEID amount overrun id`
 //! - `FORGET id`
+//! - `FORCED amount overrun` · `FORCEDID amount overrun id`: a charge made with FORCE
+//! - `USAGE stream max_len` · `NOUSAGE`: the usage log (QUOTA.SET ... STREAM)
 //!
 //! Every value is resolved (the master's time, generated ids, default TTLs), so applying the
 //! same stream to the same state gives the same state on any server.
@@ -17,7 +19,7 @@
 use redis_module::RedisError;
 
 use crate::core::book::Id;
-use crate::core::ledger::{Effect, Settings};
+use crate::core::ledger::{Effect, Settings, UsageLog};
 use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::{check_id, parse_i64, syntax_error};
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
@@ -116,8 +118,9 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
             amount,
             overrun,
             id: None,
+            forced,
         } => {
-            out.word("CHARGE");
+            out.word(if *forced { "FORCED" } else { "CHARGE" });
             out.int(*amount);
             out.int(*overrun);
         }
@@ -125,12 +128,19 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
             amount,
             overrun,
             id: Some(id),
+            forced,
         } => {
-            out.word("CHARGEID");
+            out.word(if *forced { "FORCEDID" } else { "CHARGEID" });
             out.int(*amount);
             out.int(*overrun);
             out.bytes(id);
         }
+        Effect::Usage { log: Some(log) } => {
+            out.word("USAGE");
+            out.bytes(&log.stream);
+            out.int(log.max_len);
+        }
+        Effect::Usage { log: None } => out.word("NOUSAGE"),
         Effect::Forget { id } => {
             out.word("FORGET");
             out.bytes(id);
@@ -321,16 +331,27 @@ where
                 id: effect_id(next(&mut it)?)?,
                 deadline_ms: parse_i64(next(&mut it)?)?,
             },
-            b"CHARGE" => Effect::Charge {
+            b"CHARGE" | b"FORCED" => Effect::Charge {
                 amount: parse_i64(next(&mut it)?)?,
                 overrun: parse_i64(next(&mut it)?)?,
                 id: None,
+                forced: op == b"FORCED",
             },
-            b"CHARGEID" => Effect::Charge {
+            b"CHARGEID" | b"FORCEDID" => Effect::Charge {
                 amount: parse_i64(next(&mut it)?)?,
                 overrun: parse_i64(next(&mut it)?)?,
                 id: Some(effect_id(next(&mut it)?)?),
+                forced: op == b"FORCEDID",
             },
+            b"USAGE" => {
+                let log = UsageLog {
+                    stream: next(&mut it)?.to_vec(),
+                    max_len: parse_i64(next(&mut it)?)?,
+                };
+                log.validate().map_err(error_reply)?;
+                Effect::Usage { log: Some(log) }
+            }
+            b"NOUSAGE" => Effect::Usage { log: None },
             b"FORGET" => Effect::Forget {
                 id: effect_id(next(&mut it)?)?,
             },

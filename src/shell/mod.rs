@@ -20,6 +20,7 @@ pub mod reply;
 pub mod stats;
 pub mod sweeper;
 pub mod type_methods;
+pub mod usage;
 pub mod window_apply;
 pub mod window_cmds;
 pub mod window_type;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{options, DecodeError};
 use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
 use crate::core::id::StreamId;
-use crate::core::ledger::{Budget, Settings};
+use crate::core::ledger::{Budget, Settings, UsageLog};
 use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::check_id;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
@@ -14,7 +14,8 @@ use crate::shell::config::MAX_ID_LENGTH_RANGE;
 /// Encoding version of budget values written by this build.
 /// - 1: ledger, pending reservations, finished ids.
 /// - 2: adds the calendar period (kind, zone, anchor) and the current period's bounds.
-pub const BUDGET_ENCVER: i32 = 2;
+/// - 3: adds the usage log (stream key, MAXLEN), if any.
+pub const BUDGET_ENCVER: i32 = 3;
 
 #[derive(Serialize, Deserialize)]
 enum OutcomeV1 {
@@ -53,6 +54,13 @@ struct BudgetV2 {
     bounds: Option<(i64, i64)>,
 }
 
+/// Encoding version 3: version 2 followed by the usage log `(stream key, max_len)`.
+#[derive(Serialize, Deserialize)]
+struct BudgetV3 {
+    v2: BudgetV2,
+    usage: Option<(Vec<u8>, i64)>,
+}
+
 /// Encodes a budget at the current encoding version.
 pub fn encode_budget(b: &Budget) -> Vec<u8> {
     let mut pending = Vec::new();
@@ -84,12 +92,15 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
         pending,
         finished,
     };
-    let v = BudgetV2 {
-        v1,
-        period_kind: b.period.kind,
-        tz: b.period.tz.clone(),
-        anchor_ms: b.period.anchor_ms,
-        bounds: b.period_bounds,
+    let v = BudgetV3 {
+        v2: BudgetV2 {
+            v1,
+            period_kind: b.period.kind,
+            tz: b.period.tz.clone(),
+            anchor_ms: b.period.anchor_ms,
+            bounds: b.period_bounds,
+        },
+        usage: b.usage.as_ref().map(|u| (u.stream.clone(), u.max_len)),
     };
     // Serializing plain integers and byte vectors into a Vec cannot fail under the 1 GiB limit
     // unless the value itself is larger; an empty buffer then fails loudly on load instead.
@@ -100,15 +111,23 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
 pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
     let malformed = DecodeError::from_bincode;
     match encver {
-        1 => from_v1(options().deserialize(bytes).map_err(malformed)?, None),
-        2 => {
-            let v2: BudgetV2 = options().deserialize(bytes).map_err(malformed)?;
-            let period = Period::new(v2.period_kind, v2.tz.as_bytes(), v2.anchor_ms)
-                .map_err(DecodeError::invalid)?;
-            from_v1(v2.v1, Some((period, v2.bounds)))
+        1 => from_v1(options().deserialize(bytes).map_err(malformed)?, None, None),
+        2 => from_v2(options().deserialize(bytes).map_err(malformed)?, None),
+        3 => {
+            let v3: BudgetV3 = options().deserialize(bytes).map_err(malformed)?;
+            let usage = v3
+                .usage
+                .map(|(stream, max_len)| UsageLog { stream, max_len });
+            from_v2(v3.v2, usage)
         }
         v => Err(DecodeError::UnknownVersion(v)),
     }
+}
+
+fn from_v2(v2: BudgetV2, usage: Option<UsageLog>) -> Result<Budget, DecodeError> {
+    let period = Period::new(v2.period_kind, v2.tz.as_bytes(), v2.anchor_ms)
+        .map_err(DecodeError::invalid)?;
+    from_v1(v2.v1, Some((period, v2.bounds)), usage)
 }
 
 const BAD_ID: &str = "an id is empty, longer than 65536 bytes or repeated";
@@ -122,6 +141,7 @@ fn nameable(id: &[u8]) -> bool {
 fn from_v1(
     v: BudgetV1,
     period: Option<(Period, Option<(i64, i64)>)>,
+    usage: Option<UsageLog>,
 ) -> Result<Budget, DecodeError> {
     let (period, period_bounds) = period.unwrap_or_else(|| (Period::none(), None));
     let mut book = Book::default();
@@ -179,6 +199,7 @@ fn from_v1(
         book,
         period,
         period_bounds,
+        usage,
         index_tag: Default::default(),
     };
     budget.check_invariants().map_err(DecodeError::invalid)?;
@@ -215,6 +236,17 @@ mod tests {
                 amount: 7,
                 overrun: 0,
                 id: Some(b"c1"[..].into()),
+                forced: false,
+            },
+        )
+        .unwrap();
+        b.apply(
+            22,
+            &Effect::Usage {
+                log: Some(UsageLog {
+                    stream: b"{t}:usage".to_vec(),
+                    max_len: 1000,
+                }),
             },
         )
         .unwrap();
@@ -291,8 +323,8 @@ mod tests {
             err.to_string(),
             "inconsistent payload: corrupt budget value: reserved differs from the pending sum"
         );
-        let mut v: BudgetV2 = options().deserialize(&encode_budget(&sample())).unwrap();
-        v.v1.max_reserve = -7;
+        let mut v: BudgetV3 = options().deserialize(&encode_budget(&sample())).unwrap();
+        v.v2.v1.max_reserve = -7;
         let err = decode_budget(BUDGET_ENCVER, &options().serialize(&v).unwrap()).unwrap_err();
         assert_eq!(err, DecodeError::Invalid("MAXRESERVE below -1".into()));
         let mut b = sample();
