@@ -341,6 +341,8 @@ pub struct GroupInfo {
     pub pending: i64,
     /// `None`: Redis cannot tell (entries were deleted after the group's position).
     pub lag: Option<i64>,
+    /// Entries the group has read since the stream began (`None`: unknown).
+    pub entries_read: Option<i64>,
 }
 
 /// Field/value pairs of a flat RESP2 array or a RESP3 map.
@@ -375,6 +377,10 @@ pub fn group_info(reply: &Value, name: &str) -> Option<GroupInfo> {
                 _ => 0,
             },
             lag: match get("lag") {
+                Some(Value::Int(n)) => Some(*n),
+                _ => None,
+            },
+            entries_read: match get("entries-read") {
                 Some(Value::Int(n)) => Some(*n),
                 _ => None,
             },

@@ -112,12 +112,27 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
             continue;
         };
         let read = parse_stream_id(&g.last_delivered).unwrap_or((0, 0));
-        if max_deleted.is_some_and(|d| d > read) {
+        let int = |f: &str| text(f).and_then(|t| t.parse::<i64>().ok());
+        let first = text("recorded-first-entry-id").and_then(|t| parse_stream_id(&t));
+        // Trimming deletes from the head and leaves max-deleted-entry-id alone (XDEL sets
+        // it): entries added after the group's position, minus those still there, were
+        // trimmed unread.
+        let trimmed_unread = match (int("entries-added"), g.entries_read, int("length")) {
+            (Some(added), Some(read_n), Some(len)) if first.is_none_or(|f| f > read) => {
+                added - read_n - len
+            }
+            _ => 0,
+        };
+        if max_deleted.is_some_and(|d| d > read) || trimmed_unread > 0 {
             println!(
-                "stream {s}: TRIMMED PAST THE GROUP: entries up to {} were deleted (STREAMMAXLEN) \
+                "stream {s}: TRIMMED PAST THE GROUP: {} entries were deleted (STREAMMAXLEN, XDEL) \
                  before group {group:?} had read them (it had read up to {}): those entries were \
                  lost before export, and the database cannot match Redis",
-                text("max-deleted-entry-id").unwrap_or_default(),
+                if trimmed_unread > 0 {
+                    trimmed_unread.to_string()
+                } else {
+                    "some".into()
+                },
                 g.last_delivered
             );
             ok = false;
