@@ -5,15 +5,17 @@ CARGO   ?= cargo
 PORT    ?= 6379
 MODULE_DEBUG   := target/debug/libredis_quota.so
 MODULE_RELEASE := target/release/libredis_quota.so
-APT_PACKAGES   := redis-server libclang-dev
+APT_PACKAGES   := redis-server libclang-dev postgresql
 
 .PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak clean
 
-## deps: install redis-server and libclang-dev (bindgen needs it) if they are missing.
+## deps: install redis-server, libclang-dev (bindgen needs it) and postgresql (quota-export's
+## tests start a throwaway PostgreSQL server) if they are missing.
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	{ dpkg -s libclang-dev >/dev/null 2>&1 || ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1; } || missing="$$missing libclang-dev"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "deps: installing$$missing"; \
@@ -41,9 +43,10 @@ run: release
 	trap 'kill -TERM $$pid 2>/dev/null || true' INT TERM HUP; \
 	while kill -0 $$pid 2>/dev/null; do wait $$pid || true; done
 
-## test: everything — unit, property and integration tests (each starts its own redis-server).
+## test: everything — unit, property and integration tests (each starts its own redis-server),
+## and quota-export's (exporter/: a SQLite file and a throwaway PostgreSQL server).
 test: build
-	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test -- --test-threads=2
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test --workspace -- --test-threads=2
 
 ## demo: replay the Azure LLM inference trace through the module (see README).
 demo: release
@@ -80,7 +83,7 @@ soak: release
 ## lint: formatting and clippy, warnings are errors.
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

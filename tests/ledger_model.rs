@@ -583,7 +583,7 @@ impl Model {
                         amount,
                         overrun,
                         id: id.clone(),
-                        forced: force,
+                        forced: *force,
                     },
                 )
             }

@@ -45,6 +45,7 @@ fn entries(c: &mut redis::Connection, stream: &str) -> Vec<(String, Fields)> {
 }
 
 /// The expected fields of an entry of budget `key`.
+#[allow(clippy::too_many_arguments)]
 fn entry(
     key: &str,
     event: &str,
