@@ -96,18 +96,19 @@ fn entry_of(
         period_start,
     };
     let none = Id::from_slice(b"");
+    // What the effect added to `used` (the actual of a settle, a charge's amount, 0 for a
+    // rollback or a releasing expiry): read from the ledger, so the entries always add up.
+    let grew = used.checked_sub(used_before).unwrap_or(0);
     Some(match e {
-        Effect::Settle { id, actual } => entry("settle", id, held, *actual),
-        Effect::SettleLate { id, actual } => entry("late_settle", id, held, *actual),
-        Effect::Rollback { id } => entry("rollback", id, held, 0),
-        Effect::Release { id } => entry("expire", id, held, 0),
-        Effect::Charge {
-            amount, id, forced, ..
-        } => entry(
+        Effect::Settle { id, .. } => entry("settle", id, held, grew),
+        Effect::SettleLate { id, .. } => entry("late_settle", id, held, grew),
+        Effect::Rollback { id } => entry("rollback", id, held, grew),
+        Effect::Release { id } => entry("expire", id, held, grew),
+        Effect::Charge { id, forced, .. } => entry(
             if *forced { "forced_charge" } else { "charge" },
             id.as_ref().unwrap_or(&none),
             -1,
-            *amount,
+            grew,
         ),
         Effect::Reset { .. } => UsageEntry {
             event: "reset",
