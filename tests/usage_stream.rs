@@ -534,3 +534,58 @@ fn cross_slot_streams_are_refused_in_a_cluster() {
         &["QUOTA.SET", "{a}:b", "LIMIT", "1", "STREAM", "{b}:u"],
     );
 }
+
+#[test]
+fn a_user_may_log_only_to_streams_its_key_patterns_allow() {
+    let s = Server::start(&[]);
+    let mut admin = s.conn();
+    ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "acme",
+            "on",
+            ">pw",
+            "~{acme}:*",
+            "+quota.set",
+            "+quota.charge",
+            "+xlen",
+        ],
+    );
+    let mut c = redis::Client::open(format!("redis://acme:pw@127.0.0.1:{}/", s.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (code, _) = err(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{acme}:b",
+            "LIMIT",
+            "10",
+            "STREAM",
+            "billing:all",
+        ],
+    );
+    assert_eq!(code, "NOPERM");
+    assert_eq!(int(&ok(&mut admin, &["EXISTS", "{acme}:b"])), 0);
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{acme}:b",
+            "LIMIT",
+            "10",
+            "STREAM",
+            "{acme}:usage",
+        ],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{acme}:b", "2"]);
+    assert_eq!(int(&ok(&mut c, &["XLEN", "{acme}:usage"])), 1);
+    // The admin may point it anywhere.
+    ok(
+        &mut admin,
+        &["QUOTA.SET", "{acme}:b", "STREAM", "billing:all"],
+    );
+}

@@ -249,6 +249,7 @@ fn check_stream_arg(ctx: &Context, key: &RedisString, stream: &[u8]) -> Result<(
             "ERR the usage stream key must not be the budget key",
         ));
     }
+    usage::check_stream_acl(ctx, stream)?;
     usage::check_stream_key(ctx, stream)
 }
 

@@ -25,7 +25,11 @@
 //! and the AOF, in the same MULTI/EXEC as the command's `QUOTA.APPLY`. Replicas and AOF replays
 //! never log themselves: they apply the master's XADD.
 
-use redis_module::{CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisString};
+use std::os::raw::c_int;
+
+use redis_module::{
+    raw, CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisString,
+};
 
 use crate::core::book::{Entry as BookEntry, Id, Outcome};
 use crate::core::ledger::{Budget, Effect, UsageLog};
@@ -183,6 +187,45 @@ pub fn check_stream(ctx: &Context, budget: &Budget, effects: &[Effect]) -> Resul
     match stream {
         Some(log) => check_stream_key(ctx, &log.stream),
         None => Ok(()),
+    }
+}
+
+/// `NOPERM` unless the calling user's ACL key patterns allow writing `stream` (QUOTA.SET ...
+/// STREAM: the stream key is not a key of the command, so Redis cannot check it). Allowed when
+/// there is no calling user (AOF load, a timer) or the server lacks the ACL module API.
+pub fn check_stream_acl(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> {
+    // SAFETY: plain API calls with a live context; every pointer is checked for null, and
+    // what the calls return is freed once (the user name string, the user).
+    unsafe {
+        let (Some(current), Some(from_name), Some(check), Some(free_user), Some(free_string)) = (
+            raw::RedisModule_GetCurrentUserName,
+            raw::RedisModule_GetModuleUserFromUserName,
+            raw::RedisModule_ACLCheckKeyPermissions,
+            raw::RedisModule_FreeModuleUser,
+            raw::RedisModule_FreeString,
+        ) else {
+            return Ok(());
+        };
+        let name = current(ctx.ctx);
+        if name.is_null() {
+            return Ok(());
+        }
+        let user = from_name(name);
+        free_string(ctx.ctx, name);
+        if user.is_null() {
+            return Ok(());
+        }
+        let key = RedisString::create_from_slice(ctx.ctx, stream);
+        let flags = raw::REDISMODULE_CMD_KEY_INSERT | raw::REDISMODULE_CMD_KEY_UPDATE;
+        let status = check(user, key.inner, flags as c_int);
+        free_user(user);
+        if status == raw::REDISMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err(RedisError::Str(
+                "NOPERM this user has no permissions to write the usage stream key",
+            ))
+        }
     }
 }
 
