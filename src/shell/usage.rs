@@ -27,9 +27,7 @@
 
 use std::os::raw::c_int;
 
-use redis_module::{
-    raw, CallOptionsBuilder, CallResult, Context, KeyType, RedisError, RedisString,
-};
+use redis_module::{raw, Context, KeyType, RedisError, RedisString};
 
 use crate::core::book::{Entry as BookEntry, Id, Outcome};
 use crate::core::ledger::{Budget, Effect, UsageLog};
@@ -240,59 +238,200 @@ pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> 
     }
 }
 
+/// Names and words every XADD uses, created once (Redis strings without a context) and kept
+/// for the life of the process: no allocation per entry for them.
+struct Words {
+    maxlen: *mut raw::RedisModuleString,
+    approx: *mut raw::RedisModuleString,
+    auto_id: *mut raw::RedisModuleString,
+    /// key, event, id, held, charged, used, period_start, at.
+    fields: [*mut raw::RedisModuleString; 8],
+}
+
+/// Every `event` value, each kept as a Redis string like [`Words`].
+const EVENTS: [&str; 8] = [
+    "settle",
+    "late_settle",
+    "rollback",
+    "expire",
+    "charge",
+    "forced_charge",
+    "reset",
+    "adjust",
+];
+
+std::thread_local! {
+    /// Only the main thread writes usage entries.
+    static WORDS: std::cell::OnceCell<Option<(Words, [*mut raw::RedisModuleString; 8])>> =
+        const { std::cell::OnceCell::new() };
+}
+
+/// A Redis string without a context (freed by whoever owns it).
+fn string(bytes: &[u8]) -> *mut raw::RedisModuleString {
+    // SAFETY: plain API call; Redis copies the bytes.
+    unsafe {
+        match raw::RedisModule_CreateString {
+            Some(f) => f(std::ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()),
+            None => std::ptr::null_mut(),
+        }
+    }
+}
+
+fn int_string(n: i64) -> *mut raw::RedisModuleString {
+    string(itoa::Buffer::new().format(n).as_bytes())
+}
+
+fn words() -> Option<(Words, [*mut raw::RedisModuleString; 8])> {
+    let mut fields = [std::ptr::null_mut(); 8];
+    let mut events = [std::ptr::null_mut(); 8];
+    for (slot, name) in fields.iter_mut().zip(FIELDS) {
+        *slot = string(name.as_bytes());
+    }
+    for (slot, name) in events.iter_mut().zip(EVENTS) {
+        *slot = string(name.as_bytes());
+    }
+    let w = Words {
+        maxlen: string(b"MAXLEN"),
+        approx: string(b"~"),
+        auto_id: string(b"*"),
+        fields,
+    };
+    let all_made = [w.maxlen, w.approx, w.auto_id]
+        .iter()
+        .chain(fields.iter())
+        .chain(events.iter())
+        .all(|p| !p.is_null());
+    all_made.then_some((w, events))
+}
+
+/// The field names, in the order every entry carries them.
+pub const FIELDS: [&str; 8] = [
+    "key",
+    "event",
+    "id",
+    "held",
+    "charged",
+    "used",
+    "period_start",
+    "at",
+];
+
 /// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one XADD
-/// each, propagated by Redis. A failed XADD (never expected: the type was checked) is logged
-/// and counted (`INFO quota` `usage_stream_errors`), never a crash.
+/// each through `RedisModule_Call` with `!` (Redis propagates it as executed) and `E`. A failed
+/// XADD (never expected: the type was checked) is logged and counted (`INFO quota`
+/// `usage_stream_errors`), never a crash.
 pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries: &[UsageEntry]) {
     if entries.is_empty() {
         return;
     }
-    let options = CallOptionsBuilder::new()
-        .replicate()
-        .errors_as_replies()
-        .build();
-    let max_len = itoa::Buffer::new().format(log.max_len).to_string();
-    let at = itoa::Buffer::new().format(at).to_string();
+    let failed = WORDS
+        .try_with(|cell| match cell.get_or_init(words) {
+            Some((w, events)) => xadd_all(ctx, key, log, at, entries, w, events),
+            None => entries.len(),
+        })
+        .unwrap_or(entries.len());
+    stats::add(
+        &stats::USAGE_ENTRIES,
+        i64::try_from(entries.len().saturating_sub(failed)).unwrap_or(0),
+    );
+    if failed > 0 {
+        stats::add(&stats::USAGE_ERRORS, i64::try_from(failed).unwrap_or(0));
+        ctx.log_warning("quota: a usage stream entry could not be added (XADD failed)");
+    }
+}
+
+/// The XADDs of [`write`]; returns how many failed.
+fn xadd_all(
+    ctx: &Context,
+    key: &RedisString,
+    log: &UsageLog,
+    at: i64,
+    entries: &[UsageEntry],
+    w: &Words,
+    events: &[*mut raw::RedisModuleString; 8],
+) -> usize {
+    // Made once per write, shared by its entries; freed at the end.
+    let (stream, max_len, at_s) = (string(&log.stream), int_string(log.max_len), int_string(at));
+    let mut owned = vec![stream, max_len, at_s];
+    let mut failed = 0;
     for e in entries {
-        let (mut b1, mut b2, mut b3, mut b4) = (
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
-        );
-        let fields: [&[u8]; 16] = [
-            b"key",
-            key.as_slice(),
-            b"event",
-            e.event.as_bytes(),
-            b"id",
-            &e.id,
-            b"held",
-            b1.format(e.held).as_bytes(),
-            b"charged",
-            b2.format(e.charged).as_bytes(),
-            b"used",
-            b3.format(e.used).as_bytes(),
-            b"period_start",
-            b4.format(e.period_start).as_bytes(),
-            b"at",
-            at.as_bytes(),
+        let event = match EVENTS.iter().position(|n| *n == e.event) {
+            Some(i) => events.get(i).copied().unwrap_or(std::ptr::null_mut()),
+            None => {
+                let s = string(e.event.as_bytes());
+                owned.push(s);
+                s
+            }
+        };
+        let per_entry = [
+            string(&e.id),
+            int_string(e.held),
+            int_string(e.charged),
+            int_string(e.used),
+            int_string(e.period_start),
         ];
-        let mut args: Vec<&[u8]> = Vec::with_capacity(21);
-        args.push(&log.stream);
+        let values = [
+            key.inner,
+            event,
+            per_entry[0],
+            per_entry[1],
+            per_entry[2],
+            per_entry[3],
+            per_entry[4],
+            at_s,
+        ];
+        let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
+        argv.push(stream);
         if log.max_len > 0 {
-            args.extend_from_slice(&[b"MAXLEN", b"~", max_len.as_bytes()]);
+            argv.extend([w.maxlen, w.approx, max_len]);
         }
-        args.push(b"*");
-        args.extend_from_slice(&fields);
-        let reply: CallResult = ctx.call_ext("XADD", &options, args.as_slice());
-        match reply {
-            Ok(_) => stats::bump(&stats::USAGE_ENTRIES),
-            Err(_) => {
-                stats::bump(&stats::USAGE_ERRORS);
-                ctx.log_warning("quota: a usage stream entry could not be added (XADD failed)");
+        argv.push(w.auto_id);
+        for (f, v) in w.fields.iter().zip(values) {
+            argv.extend([*f, v]);
+        }
+        if argv.iter().any(|p| p.is_null()) || !call_xadd(ctx, &mut argv) {
+            failed = failed.saturating_add(1);
+        }
+        owned.extend(per_entry);
+    }
+    for s in owned {
+        if !s.is_null() {
+            // SAFETY: each was created above without a context and is freed once.
+            unsafe {
+                if let Some(free) = raw::RedisModule_FreeString {
+                    free(std::ptr::null_mut(), s);
+                }
             }
         }
+    }
+    failed
+}
+
+/// `RedisModule_Call(ctx, "XADD", "!Ev", argv, argc)`: true if it replied without an error.
+fn call_xadd(ctx: &Context, argv: &mut [*mut raw::RedisModuleString]) -> bool {
+    // SAFETY: a live context; `v` takes (RedisModuleString **, size_t) and Redis takes its own
+    // references to the strings for the call. The reply is freed once.
+    unsafe {
+        let (Some(call), Some(kind), Some(free)) = (
+            raw::RedisModule_Call,
+            raw::RedisModule_CallReplyType,
+            raw::RedisModule_FreeCallReply,
+        ) else {
+            return false;
+        };
+        let reply = call(
+            ctx.ctx,
+            c"XADD".as_ptr(),
+            c"!Ev".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
+        );
+        if reply.is_null() {
+            return false;
+        }
+        let ok = kind(reply) != raw::REDISMODULE_REPLY_ERROR as c_int;
+        free(reply);
+        ok
     }
 }
 
