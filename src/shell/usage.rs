@@ -353,7 +353,7 @@ fn xadd_all(
     // Made once per write, shared by its entries; freed at the end.
     let (stream, max_len, at_s) = (string(&log.stream), int_string(log.max_len), int_string(at));
     let mut owned = vec![stream, max_len, at_s];
-    let mut failed = 0;
+    let mut failed: usize = 0;
     for e in entries {
         let event = match EVENTS.iter().position(|n| *n == e.event) {
             Some(i) => events.get(i).copied().unwrap_or(std::ptr::null_mut()),
