@@ -26,7 +26,7 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 
 use redis_quota::core::book::Id;
 use redis_quota::core::error::LedgerError;
-use redis_quota::core::ledger::{Budget, Effect, Policy, ReserveReply, Settings};
+use redis_quota::core::ledger::{Budget, Effect, Policy, ReserveReply, Settings, UsageLog};
 use redis_quota::core::period::{Period, PeriodKind};
 use redis_quota::core::window::{Window, WindowParams};
 use redis_quota::shell::effects;
@@ -184,9 +184,13 @@ fn budget() -> impl Strategy<Value = (Budget, i64)> {
         period(),
         0i64..100_000,
         proptest::collection::vec(op(), 0..40),
+        proptest::option::of((
+            proptest::collection::vec(any::<u8>(), 1..40),
+            0i64..2_000_000,
+        )),
     )
         .prop_map(
-            |(limit, overdraft, max_reserve, ttl, period, keep_ms, ops)| {
+            |(limit, overdraft, max_reserve, ttl, period, keep_ms, ops, usage)| {
                 let settings = Settings {
                     limit,
                     overdraft,
@@ -197,6 +201,16 @@ fn budget() -> impl Strategy<Value = (Budget, i64)> {
                 let create = Budget::plan_create(now, settings, 0, period).unwrap();
                 let mut b = Budget::new(settings, now);
                 b.apply(now, &create).unwrap();
+                // Sometimes a usage log (budget encoding 3's addition).
+                if let Some((stream, max_len)) = usage {
+                    b.apply(
+                        now,
+                        &Effect::Usage {
+                            log: Some(UsageLog { stream, max_len }),
+                        },
+                    )
+                    .unwrap();
+                }
                 let policy = Policy {
                     keep_ms,
                     max_pending: i64::MAX,
@@ -671,7 +685,15 @@ fn effect() -> impl Strategy<Value = Effect> {
                 id,
                 forced
             }),
-        id.prop_map(|id| Effect::Forget { id }),
+        id.clone().prop_map(|id| Effect::Forget { id }),
+        (proptest::option::of(id), 0i64..2_000_000).prop_map(|(stream, max_len)| {
+            Effect::Usage {
+                log: stream.map(|s| UsageLog {
+                    stream: s.to_vec(),
+                    max_len,
+                }),
+            }
+        }),
     ]
 }
 
