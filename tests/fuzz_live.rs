@@ -293,6 +293,16 @@ impl Fuzzer {
                         ]);
                     }
                 }
+                if self.rng.one_in(6) {
+                    // The usage log: a few shared streams, off, or a MAXLEN change alone.
+                    let stream = *self.rng.pick(&["fz:u0", "fz:u1", "", "-"]);
+                    if stream != "-" {
+                        a.extend([b("STREAM"), b(stream)]);
+                    }
+                    if self.rng.one_in(2) {
+                        a.extend([b("STREAMMAXLEN"), n(self.rng.below(50) as i64)]);
+                    }
+                }
                 if self.rng.one_in(10) {
                     a.push(b(self.rng.pick::<&str>(&["NX", "XX"])));
                 }
@@ -548,8 +558,8 @@ fn shape_ok(name: &str, v: &Value) -> bool {
         "QUOTA.SET" => matches!(v, Value::Int(0 | 1)),
         "QUOTA.INFO" => match v {
             Value::Nil => true,
-            Value::Array(a) => a.len() == 26,
-            Value::Map(m) => m.len() == 13,
+            Value::Array(a) => a.len() == 30,
+            Value::Map(m) => m.len() == 15,
             _ => false,
         },
         "QUOTA.RESERVE" => match v {

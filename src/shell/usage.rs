@@ -38,12 +38,17 @@ use crate::shell::stats;
 /// One usage event, before it is written (see the module docs for the fields).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageEntry {
+    /// One of [`EVENTS`].
     pub event: &'static str,
-    /// Empty where no id applies.
+    /// The reservation or charge id; empty where none applies.
     pub id: Id,
+    /// The reservation's amount; -1 where none applies.
     pub held: i64,
+    /// What the event added to `used` (may be negative for an adjustment).
     pub charged: i64,
+    /// `used` after the event (a reset: the closing `used`).
     pub used: i64,
+    /// Start of the period the entry counts in (unix ms); -1 without a period.
     pub period_start: i64,
 }
 
