@@ -7,7 +7,7 @@ MODULE_DEBUG   := target/debug/libredis_quota.so
 MODULE_RELEASE := target/release/libredis_quota.so
 APT_PACKAGES   := redis-server libclang-dev postgresql
 
-.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak clean
+.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak clean venv pytest pylint gateway
 
 ## deps: install redis-server, libclang-dev (bindgen needs it) and postgresql (quota-export's
 ## tests start a throwaway PostgreSQL server) if they are missing.
@@ -47,6 +47,7 @@ run: release
 ## and quota-export's (exporter/: a SQLite file and a throwaway PostgreSQL server).
 test: build
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test --workspace -- --test-threads=2
+	$(MAKE) --no-print-directory pytest
 
 ## demo: replay the Azure LLM inference trace through the module (see README).
 demo: release
@@ -84,9 +85,54 @@ soak: release
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(MAKE) --no-print-directory pylint
 
 fmt:
 	$(CARGO) fmt --all
+
+## venv: .venv (python3 -m venv) with the Python client (clients/python) and the gateway example
+## (examples/gateway) installed editable, with their test tools (pytest, httpx, mypy, ruff).
+PYTHON ?= python3
+VENV   := .venv
+PY_PROJECTS := clients/python examples/gateway
+$(VENV)/.installed: clients/python/pyproject.toml examples/gateway/pyproject.toml
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { echo "venv: $(PYTHON) cannot make a venv — run: apt-get install -y python3-venv"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e 'clients/python[test]' -e 'examples/gateway[test]'
+	touch $@
+venv: $(VENV)/.installed
+
+## pytest: the Python client's and the gateway's tests (each starts its own redis-server with the
+## debug module, the gateway's also uvicorn, on free ports).
+pytest: build venv
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(VENV)/bin/pytest -q -p no:cacheprovider --rootdir=$(CURDIR) clients/python/tests examples/gateway/tests
+
+## pylint: ruff (lint + format check) and mypy --strict over the Python client and the gateway.
+pylint: venv
+	$(VENV)/bin/ruff check $(PY_PROJECTS)
+	$(VENV)/bin/ruff format --check $(PY_PROJECTS)
+	cd clients/python && $(CURDIR)/$(VENV)/bin/mypy src tests
+	cd examples/gateway && MYPYPATH=tests $(CURDIR)/$(VENV)/bin/mypy quota_gateway tests
+
+## gateway: the example gateway (docs/gateway.md) on GATEWAY_PORT (8000) in the foreground, over a
+## fresh redis-server with the release module on GATEWAY_REDIS_PORT (6390), provisioned from
+## examples/gateway/tenants.example.json (GATEWAY_CONFIG=...). REDIS_URL=... uses a running
+## server instead.
+GATEWAY_PORT       ?= 8000
+GATEWAY_REDIS_PORT ?= 6390
+gateway: release venv
+	@set -e; if [ -n "$$REDIS_URL" ]; then \
+	  exec $(VENV)/bin/python -m quota_gateway --provision --port $(GATEWAY_PORT); fi; \
+	dir=$$(mktemp -d -t redis-quota-gateway.XXXXXX); \
+	redis-server --port $(GATEWAY_REDIS_PORT) --bind 127.0.0.1 --dir $$dir --save '' --appendonly no \
+	  --loadmodule $(CURDIR)/$(MODULE_RELEASE) > $$dir/redis.log 2>&1 & rpid=$$!; \
+	trap 'kill $$rpid 2>/dev/null || true; rm -rf "$$dir"' EXIT INT TERM HUP; \
+	until redis-cli -p $(GATEWAY_REDIS_PORT) ping >/dev/null 2>&1; do \
+	  kill -0 $$rpid 2>/dev/null || { cat $$dir/redis.log; exit 1; }; sleep 0.1; done; \
+	echo "make gateway: redis-server on port $(GATEWAY_REDIS_PORT) (data in $$dir, removed on exit)"; \
+	REDIS_URL=redis://127.0.0.1:$(GATEWAY_REDIS_PORT)/0 $(VENV)/bin/python -m quota_gateway \
+	  --provision --port $(GATEWAY_PORT)
 
 clean:
 	$(CARGO) clean

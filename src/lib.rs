@@ -137,6 +137,46 @@ borrowed_args_command!(cmd_rollback, quota_rollback);
 borrowed_args_command!(cmd_extend, quota_extend);
 borrowed_args_command!(cmd_charge, quota_charge);
 borrowed_args_command!(cmd_window, quota_window);
+borrowed_args_command!(cmd_mreserve, shell::multi_cmds::quota_mreserve);
+borrowed_args_command!(cmd_msettle, shell::multi_cmds::quota_msettle);
+borrowed_args_command!(cmd_mrollback, shell::multi_cmds::quota_mrollback);
+borrowed_args_command!(cmd_mextend, shell::multi_cmds::quota_mextend);
+
+/// The multi-key commands (`numkeys key [key ...] ...`): created without legacy key positions,
+/// with `getkeys-api` (cluster routing on 7.0) and a keynum key spec ([`shell::key_specs`]).
+const MULTI_COMMANDS: [shell::command::Spec; 4] = {
+    use shell::command::Spec;
+    [
+        Spec {
+            name: c"QUOTA.MRESERVE",
+            func: Some(cmd_mreserve),
+            flags: c"write deny-oom fast getkeys-api",
+            keys: (0, 0, 0),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.MSETTLE",
+            func: Some(cmd_msettle),
+            flags: c"write fast getkeys-api",
+            keys: (0, 0, 0),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.MROLLBACK",
+            func: Some(cmd_mrollback),
+            flags: c"write fast getkeys-api",
+            keys: (0, 0, 0),
+            acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.MEXTEND",
+            func: Some(cmd_mextend),
+            flags: c"write fast getkeys-api",
+            keys: (0, 0, 0),
+            acl: c"write fast",
+        },
+    ]
+};
 
 /// The write commands on every request's path, with the flags, key positions and (Redis 7.2+)
 /// ACL categories the other commands get from the `redis_module!` list below.
@@ -210,11 +250,20 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    for spec in &MULTI_COMMANDS {
+        let declared = shell::command::register(ctx, spec).and_then(|()| {
+            shell::key_specs::declare_numkeys(ctx, spec.name, shell::key_specs::RW_UPDATE)
+        });
+        if let Err(e) = declared {
+            ctx.log_warning(&format!("quota: not loaded: {e}"));
+            return Status::Err;
+        }
+    }
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
     // Server-event subscriptions go with the module if the load fails; keyspace ones do not,
     // so they come last.
-    if !shell::sweeper::subscribe_db_events(ctx) {
+    if !shell::sweep_index::subscribe_db_events(ctx) {
         ctx.log_warning("quota: not loaded: could not subscribe to FLUSHDB/SWAPDB events");
         return Status::Err;
     }

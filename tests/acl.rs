@@ -107,6 +107,58 @@ fn gateway_may_only_reserve_settle_rollback_extend_and_window_on_quota_keys() {
         &["QUOTA.WINDOW", "quota:rpm:acme", "3", "60000"],
     ));
     assert_eq!(w[0], Value::Int(1));
+    // The multi-key commands, on its keys: the ACL checks every key their key spec names.
+    ok(
+        &mut root,
+        &["QUOTA.SET", "quota:tpm:acme", "WINDOW", "1000", "60000"],
+    );
+    let m = items(&ok(
+        &mut g,
+        &[
+            "QUOTA.MRESERVE",
+            "2",
+            "quota:acme",
+            "quota:tpm:acme",
+            "10",
+            "10",
+            "ID",
+            "m",
+        ],
+    ));
+    assert_eq!(m[0], Value::Int(1));
+    ok(
+        &mut g,
+        &[
+            "QUOTA.MEXTEND",
+            "2",
+            "quota:acme",
+            "quota:tpm:acme",
+            "m",
+            "1000",
+        ],
+    );
+    ok(
+        &mut g,
+        &[
+            "QUOTA.MSETTLE",
+            "2",
+            "quota:acme",
+            "quota:tpm:acme",
+            "m",
+            "5",
+            "5",
+        ],
+    );
+    assert_noperm(
+        &mut g,
+        &["QUOTA.MRESERVE", "2", "quota:acme", "acme", "1", "1"],
+        NO_KEY,
+    );
+    assert_noperm(
+        &mut g,
+        &["QUOTA.MROLLBACK", "2", "quota:acme", "acme", "m"],
+        NO_KEY,
+    );
 
     // Not its commands.
     for args in [
@@ -145,7 +197,8 @@ fn gateway_may_only_reserve_settle_rollback_extend_and_window_on_quota_keys() {
 
     // Nothing refused changed anything.
     let i = info(&mut root, "quota:acme");
-    assert_eq!((i["limit"], i["used"], i["reserved"]), (1000, 42, 0));
+    // 42 settled by SETTLE, 5 by MSETTLE.
+    assert_eq!((i["limit"], i["used"], i["reserved"]), (1000, 47, 0));
     assert_eq!(info(&mut root, "acme")["reserved"], 0);
     assert_eq!(
         ok(&mut root, &["EXISTS", "quota:new", "rpm:acme"]),

@@ -28,7 +28,7 @@ use redis_quota::core::book::Id;
 use redis_quota::core::error::LedgerError;
 use redis_quota::core::ledger::{Budget, Effect, Policy, ReserveReply, Settings, UsageLog};
 use redis_quota::core::period::{Period, PeriodKind};
-use redis_quota::core::window::{Window, WindowParams};
+use redis_quota::core::window::{IdPlan, Window, WindowConfig, WindowEffect, WindowParams};
 use redis_quota::shell::effects;
 use redis_quota::shell::persist::{
     decode_budget, decode_window, encode_budget, encode_window, BUDGET_ENCVER, WINDOW_ENCVER,
@@ -311,8 +311,14 @@ fn window() -> impl Strategy<Value = Window> {
     (
         window_params(),
         proptest::collection::vec((window_params(), 0i64..100_000), 0..30),
+        // Issue 19: sometimes a stored configuration and the ids of multi-key reservations
+        // (counted at a time step, some settled), so encoding 2's extras are fuzzed too.
+        proptest::option::of((
+            window_params(),
+            proptest::collection::vec((0i64..1000, 0i64..50, 0i64..100), 0..8),
+        )),
     )
-        .prop_map(|(first, calls)| {
+        .prop_map(|(first, calls, extras)| {
             let mut now = T0;
             let mut w = Window::new(&first, now);
             w.record(&first, now).expect("a first call records");
@@ -322,6 +328,23 @@ fn window() -> impl Strategy<Value = Window> {
                 // the horizon (longer than this window) would pass i64::MAX: nothing changes then.
                 if w.check(&p, now).is_ok_and(|d| d.allowed) {
                     let _ = w.record(&p, now);
+                }
+            }
+            if let Some((p, ids)) = extras {
+                let cfg = WindowConfig::parse(p.limit, p.window_ms, Some(p.precision_ms)).unwrap();
+                let _ = w.apply(now, &WindowEffect::Configure(cfg));
+                for (i, (dt, cost, actual)) in ids.into_iter().enumerate() {
+                    now = now.saturating_add(dt);
+                    let id: redis_quota::core::book::Id = format!("id{i}").as_bytes().into();
+                    let count = WindowEffect::Count {
+                        window_ms: cfg.window_ms,
+                        precision_ms: cfg.precision_ms,
+                        cost,
+                        id: Some(id.clone()),
+                    };
+                    if w.apply(now, &count).is_ok() && i % 2 == 0 {
+                        let _ = w.apply(now, &WindowEffect::Settle { id, actual });
+                    }
                 }
             }
             w.validate().unwrap();
@@ -493,6 +516,32 @@ fn check_window(w: Window, times: &[i64]) -> Result<(), TestCaseError> {
         };
         let _ = w.check(&p, t);
         let _ = w.record(&p, t);
+        prop_assert!(w.validate().is_ok(), "{:?}", w.validate());
+        // The remembered ids of a decoded value: planned and applied without a panic.
+        let ids: Vec<Vec<u8>> = w.remembered().iter().map(|(id, _)| id.to_vec()).collect();
+        for id in ids {
+            let _ = w.plan_id_reserve(t, &id, 1, i64::MAX);
+            if w.plan_id_settle(t, &id, 7)
+                .is_ok_and(|p| matches!(p, IdPlan::Corrected { .. }))
+            {
+                w.apply(
+                    t,
+                    &WindowEffect::Settle {
+                        id: id[..].into(),
+                        actual: 7,
+                    },
+                )
+                .unwrap();
+            } else if w
+                .plan_id_rollback(t, &id)
+                .is_ok_and(|p| matches!(p, IdPlan::RolledBack { .. }))
+            {
+                w.apply(t, &WindowEffect::Rollback { id: id[..].into() })
+                    .unwrap();
+            }
+            prop_assert!(w.validate().is_ok(), "{:?}", w.validate());
+        }
+        let _ = w.apply(t, &WindowEffect::Forget);
         prop_assert!(w.validate().is_ok(), "{:?}", w.validate());
     }
     Ok(())

@@ -68,7 +68,7 @@ const OTHER_KEYS: [&str; 6] = [
     "fz:\u{0}\r\n",
 ];
 
-const COMMANDS: [&str; 12] = [
+const COMMANDS: [&str; 16] = [
     "QUOTA.SET",
     "QUOTA.INFO",
     "QUOTA.RESERVE",
@@ -81,6 +81,10 @@ const COMMANDS: [&str; 12] = [
     "QUOTA.APPLY",
     "QUOTA.WAPPLY",
     "QUOTA.LOAD",
+    "QUOTA.MRESERVE",
+    "QUOTA.MSETTLE",
+    "QUOTA.MROLLBACK",
+    "QUOTA.MEXTEND",
 ];
 const INTERNAL: [&str; 3] = ["QUOTA.APPLY", "QUOTA.WAPPLY", "QUOTA.LOAD"];
 
@@ -360,7 +364,57 @@ impl Fuzzer {
                 a
             }
             73..=77 => vec![b("QUOTA.INFO"), self.budget_key().1],
-            78..=91 => {
+            78..=81 => {
+                // Issue 19: window configurations and multi-key reservations over a budget and
+                // a window key (often configured, sometimes not: NOQUOTA).
+                let (k, budget) = self.budget_key();
+                let window = self.window_key();
+                match self.rng.below(5) {
+                    0 => vec![
+                        b("QUOTA.SET"),
+                        window,
+                        b("WINDOW"),
+                        n(self.rng.below(50) as i64),
+                        n(*self.rng.pick(&[100i64, 1_000, 60_000])),
+                    ],
+                    1 | 2 => {
+                        reserve_on = Some(k);
+                        let mut a = vec![
+                            b("QUOTA.MRESERVE"),
+                            b("2"),
+                            budget,
+                            window,
+                            n(self.amount().min(5_000)),
+                            n(self.rng.below(5) as i64),
+                        ];
+                        if self.rng.one_in(3) {
+                            a.extend([b("TTL"), n(1 + self.rng.below(5_000) as i64)]);
+                        }
+                        a
+                    }
+                    3 => {
+                        let id = self.known_id(k);
+                        vec![
+                            b("QUOTA.MSETTLE"),
+                            b("2"),
+                            budget,
+                            window,
+                            id,
+                            n(self.rng.below(6_000) as i64),
+                            n(self.rng.below(5) as i64),
+                        ]
+                    }
+                    _ => {
+                        let id = self.known_id(k);
+                        if self.rng.one_in(2) {
+                            vec![b("QUOTA.MROLLBACK"), b("2"), window, budget, id]
+                        } else {
+                            vec![b("QUOTA.MEXTEND"), b("2"), budget, window, id, b("3000")]
+                        }
+                    }
+                }
+            }
+            82..=91 => {
                 let key = self.window_key();
                 let window = *self.rng.pick(&[100i64, 1_000, 5_000, 60_000]);
                 let mut a = vec![
@@ -556,10 +610,32 @@ fn shape_ok(name: &str, v: &Value) -> bool {
     };
     match name {
         "QUOTA.SET" => matches!(v, Value::Int(0 | 1)),
+        // A budget's 15 fields or a window key's 7.
         "QUOTA.INFO" => match v {
             Value::Nil => true,
-            Value::Array(a) => a.len() == 30,
-            Value::Map(m) => m.len() == 15,
+            Value::Array(a) => a.len() == 30 || a.len() == 14,
+            Value::Map(m) => m.len() == 15 || m.len() == 7,
+            _ => false,
+        },
+        "QUOTA.MRESERVE" => match v {
+            Value::Array(a) if a.len() == 5 => {
+                matches!(
+                    (&a[0], &a[1]),
+                    (Value::Int(1), Value::BulkString(_)) | (Value::Int(0), Value::Nil)
+                ) && int(&a[2])
+                    && int(&a[3])
+                    && matches!(&a[4], Value::Array(vals) if vals.iter().all(int))
+            }
+            _ => false,
+        },
+        "QUOTA.MSETTLE" | "QUOTA.MROLLBACK" => match v {
+            Value::Array(rows) => rows.iter().all(|r| {
+                matches!(r, Value::Array(x) if x.len() == 3 && status(&x[0]) && int(&x[1]) && int(&x[2]))
+            }),
+            _ => false,
+        },
+        "QUOTA.MEXTEND" => match v {
+            Value::Array(a) => a.iter().all(|e| matches!(e, Value::Int(t) if *t > 0) || *e == Value::Nil),
             _ => false,
         },
         "QUOTA.RESERVE" => match v {

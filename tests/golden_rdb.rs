@@ -279,6 +279,159 @@ fn budget_encoding_v2_and_window_encoding_v1_still_load() {
     );
 }
 
+/// The commands behind `fixtures/window-v2.rdb`, at T = 4102444800000 (2100-01-01 UTC): a
+/// budget and two configured windows (TPM, RPM) holding two multi-key reservations (one
+/// settled), and a plain window key.
+fn window_v2_commands() -> Vec<Vec<String>> {
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+    let lines: Vec<Vec<String>> = vec![
+        vec![
+            "QUOTA.SET".into(),
+            "b".into(),
+            "LIMIT".into(),
+            "1000".into(),
+            "AT".into(),
+            t(0),
+        ],
+        vec![
+            "QUOTA.SET".into(),
+            "tpm".into(),
+            "WINDOW".into(),
+            "5000".into(),
+            "60000".into(),
+            "PRECISION".into(),
+            "1000".into(),
+            "AT".into(),
+            t(0),
+        ],
+        vec![
+            "QUOTA.SET".into(),
+            "rpm".into(),
+            "WINDOW".into(),
+            "10".into(),
+            "60000".into(),
+            "AT".into(),
+            t(0),
+        ],
+        "QUOTA.MRESERVE 3 b tpm rpm 300 300 1 ID r1"
+            .split(' ')
+            .map(String::from)
+            .chain(["AT".into(), t(1)])
+            .collect(),
+        "QUOTA.MRESERVE 3 b tpm rpm 200 200 1 ID r2"
+            .split(' ')
+            .map(String::from)
+            .chain(["AT".into(), t(1500)])
+            .collect(),
+        "QUOTA.MSETTLE 3 b tpm rpm r1 120 120 1"
+            .split(' ')
+            .map(String::from)
+            .chain(["AT".into(), t(2000)])
+            .collect(),
+        "QUOTA.WINDOW tpm COST 7"
+            .split(' ')
+            .map(String::from)
+            .chain(["AT".into(), t(2500)])
+            .collect(),
+        "QUOTA.WINDOW plain 10 60000 COST 3"
+            .split(' ')
+            .map(String::from)
+            .chain(["AT".into(), t(0)])
+            .collect(),
+    ];
+    lines
+}
+
+/// window-v2.rdb: window encoding 2 (a stored configuration and remembered ids), written by a
+/// debug build of the commit that added it, with `quota.test-clock yes`, from [`window_v2_commands`],
+/// then `SAVE` (redis-server --dir DIR --save '' --loadmodule libredis_quota.so test-clock yes;
+/// DIR/dump.rdb copied here). Loads to exactly the state the same commands reach now, and the
+/// ids still settle.
+#[test]
+fn window_encoding_v2_loads_with_its_configuration_and_ids() {
+    let rdb = include_bytes!("fixtures/window-v2.rdb");
+    let s = Server::start_with_files(&[], &["test-clock", "yes"], &[("dump.rdb", rdb)]);
+    let mut c = s.conn();
+    assert_eq!(keys(&mut c), ["b", "plain", "rpm", "tpm"]);
+    // The same commands on an empty server reach the same bytes.
+    let fresh = Server::start_with_module_args(&[], &["test-clock", "yes"]);
+    let mut f = fresh.conn();
+    for line in window_v2_commands() {
+        let args: Vec<&str> = line.iter().map(String::as_str).collect();
+        ok(&mut f, &args);
+    }
+    assert_eq!(all_digests(&mut c), all_digests(&mut f));
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+    assert_eq!(
+        info_fields(&mut c, "tpm", &t(2500)),
+        pairs(&[
+            ("limit", "5000"),
+            ("window_ms", "60000"),
+            ("precision_ms", "1000"),
+            ("counted", "327"),
+            ("remaining", "4673"),
+            ("reset_after_ms", "60499"),
+            ("remembered_ids", "2"),
+        ])
+    );
+    // Configured keys have no expiry; the plain window key keeps its own.
+    assert_eq!(int(&ok(&mut c, &["PTTL", "tpm"])), -1);
+    assert_eq!(int(&ok(&mut c, &["PTTL", "rpm"])), -1);
+    assert_eq!(
+        int(&ok(&mut c, &["PEXPIRETIME", "plain"])),
+        4_102_444_860_999
+    );
+    // r1 is settled everywhere (a duplicate), r2 still pending: corrected in its bucket.
+    let r = items(&ok(
+        &mut c,
+        &[
+            "QUOTA.MSETTLE",
+            "3",
+            "b",
+            "tpm",
+            "rpm",
+            "r1",
+            "120",
+            "120",
+            "1",
+            "AT",
+            &t(3000),
+        ],
+    ));
+    assert!(r.iter().all(|v| text(&items(v)[0]) == "duplicate"));
+    let r = items(&ok(
+        &mut c,
+        &[
+            "QUOTA.MSETTLE",
+            "3",
+            "b",
+            "tpm",
+            "rpm",
+            "r2",
+            "50",
+            "50",
+            "1",
+            "AT",
+            &t(3000),
+        ],
+    ));
+    let rows: Vec<(String, i64, i64)> = r
+        .iter()
+        .map(|v| {
+            let v = items(v);
+            (text(&v[0]), int(&v[1]), int(&v[2]))
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("settled".to_string(), 50, 830),
+            ("corrected".to_string(), 50, 4823),
+            ("corrected".to_string(), 1, 8),
+        ]
+    );
+}
+
 /// The commands behind `fixtures/effects-v1.aof`, at T = 4102444800000 (2100-01-01 UTC).
 fn legacy_aof_commands() -> Vec<Vec<String>> {
     let t = |d: i64| (4_102_444_800_000i64 + d).to_string();

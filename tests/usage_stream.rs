@@ -589,3 +589,79 @@ fn a_user_may_log_only_to_streams_its_key_patterns_allow() {
         &["QUOTA.SET", "{acme}:b", "STREAM", "billing:all"],
     );
 }
+
+#[test]
+fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let t = |d: i64| (T + d).to_string();
+    // The first key logs to a stream that stays fine: only the second one's goes bad.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{t}:org",
+            "LIMIT",
+            "1000",
+            "STREAM",
+            "{t}:u2",
+            "AT",
+            &t(0),
+        ],
+    );
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{t}:user",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "{t}:u",
+            "AT",
+            &t(0),
+        ],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "{t}:plain", "LIMIT", "100", "AT", &t(0)],
+    );
+    let keys = ["3", "{t}:org", "{t}:user", "{t}:plain"];
+    let mut reserve = vec!["QUOTA.MRESERVE"];
+    reserve.extend(keys);
+    reserve.extend(["10", "10", "10", "ID", "m1", "AT"]);
+    let at1 = t(1);
+    reserve.push(&at1);
+    ok(&mut c, &reserve);
+    // The stream of one key replaced by a string: the whole settle is refused, nothing changes.
+    // (The stream does not exist yet: reservations log nothing.)
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "{t}:u"])), 0);
+    ok(&mut c, &["SET", "{t}:u", "x"]);
+    let digests = all_digests(&mut c);
+    let mut settle = vec!["QUOTA.MSETTLE"];
+    settle.extend(keys);
+    settle.extend(["m1", "7", "8", "9", "AT"]);
+    let at2 = t(2);
+    settle.push(&at2);
+    assert_eq!(err(&mut c, &settle).0, "WRONGTYPE");
+    assert_eq!(all_digests(&mut c), digests);
+    ok(&mut c, &["DEL", "{t}:u"]);
+    ok(&mut c, &settle);
+    let got = |c: &mut redis::Connection, s: &str| -> Vec<(String, String, String)> {
+        entries(c, s)
+            .into_iter()
+            .map(|(_, f)| (f[0].1.clone(), f[1].1.clone(), f[4].1.clone()))
+            .collect()
+    };
+    assert_eq!(
+        got(&mut c, "{t}:u2"),
+        [("{t}:org".into(), "settle".into(), "7".into())]
+    );
+    assert_eq!(
+        got(&mut c, "{t}:u"),
+        [("{t}:user".into(), "settle".into(), "8".into())]
+    );
+    // A retried multi-key settle appends nothing.
+    ok(&mut c, &settle);
+    assert_eq!((xlen(&mut c, "{t}:u"), xlen(&mut c, "{t}:u2")), (1, 1));
+}

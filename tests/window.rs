@@ -314,7 +314,6 @@ fn wrongtype_both_ways() {
         vec!["QUOTA.WINDOW", "budget", "10", "1000"],
         vec!["QUOTA.WINDOW", "budget", "10", "1000", "PEEK"],
         vec!["QUOTA.WINDOW", "plain", "10", "1000"],
-        vec!["QUOTA.INFO", "window"],
         vec!["QUOTA.RESERVE", "window", "1"],
         vec!["QUOTA.CHARGE", "window", "1"],
         vec!["QUOTA.SET", "window", "LIMIT", "5"],
@@ -323,6 +322,9 @@ fn wrongtype_both_ways() {
         assert_eq!(err(&mut c, &args).0, "WRONGTYPE", "{args:?}");
     }
     assert_eq!(info(&mut c, "budget")["limit"], 10);
+    // QUOTA.INFO reads window keys too (issue 19); a string is still WRONGTYPE.
+    assert_eq!(info(&mut c, "window")["window_ms"], 1000);
+    assert_eq!(err(&mut c, &["QUOTA.INFO", "plain"]).0, "WRONGTYPE");
 }
 
 #[test]
@@ -331,7 +333,6 @@ fn bad_arguments_are_refused_and_write_nothing() {
     let mut c = s.conn();
     let cases: &[(&[&str], &str)] = &[
         (&[], "wrong number of arguments"),
-        (&["k"], "wrong number of arguments"),
         (&["k", "10"], "wrong number of arguments"),
         (&["k", "ten", "1000"], "not an integer"),
         (&["k", "10", "1s"], "not an integer"),
@@ -393,6 +394,10 @@ fn bad_arguments_are_refused_and_write_nothing() {
         assert_eq!(code, "ERR", "{args:?}: {msg}");
         assert!(msg.contains(want), "{args:?}: {msg}");
     }
+    assert!(keys(&mut c).is_empty());
+    // Without limit and window_ms the call is the config form: a key without a stored
+    // configuration (here none at all) is refused.
+    assert_eq!(err(&mut c, &["QUOTA.WINDOW", "k"]).0, "NOQUOTA");
     assert!(keys(&mut c).is_empty());
     // The bucket budget's edge is accepted; tokens are case-insensitive.
     assert_eq!(

@@ -654,7 +654,7 @@ impl Budget {
 
     /// Next generated id at `now`: stream-style `<ms>-<seq>`, strictly greater than any
     /// stream-style id this key has seen, so ids stay unique across restarts and failovers.
-    fn next_id(&self, now: i64) -> Result<Id, LedgerError> {
+    pub(crate) fn next_id(&self, now: i64) -> Result<Id, LedgerError> {
         let mut candidate = self.last_id.next(now).ok_or(NO_ID_LEFT)?;
         // An id above every known id is free: the usual case, as generated ids arrive in order
         // (one descent to the last id instead of a search).

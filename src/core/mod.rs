@@ -9,5 +9,7 @@ pub mod error;
 pub mod htree;
 pub mod id;
 pub mod ledger;
+pub mod multi;
 pub mod period;
+pub mod remembered;
 pub mod window;

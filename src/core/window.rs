@@ -66,6 +66,10 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use crate::core::book::Id;
+use crate::core::error::LedgerError;
+use crate::core::remembered::{Entry, IdStatus, Remembered};
+
 /// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
 pub const MAX_BUCKETS: i64 = 4096;
 
@@ -211,6 +215,109 @@ pub struct Window {
     last_ms: i64,
     /// Non-empty buckets, strictly increasing index.
     buckets: Buckets,
+    /// The stored configuration and remembered ids, boxed so that a key made by
+    /// `QUOTA.WINDOW` calls alone pays 8 bytes for them. Persisted from encoding 2 on (not in
+    /// the v1 field order).
+    #[serde(skip)]
+    extras: Option<Box<Extras>>,
+}
+
+/// What a configured window key holds besides its buckets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Extras {
+    /// Stored configuration (`QUOTA.SET key WINDOW ...`).
+    config: Option<WindowConfig>,
+    /// Reservation ids of multi-key reservations (`QUOTA.MRESERVE`), kept while their bucket
+    /// is inside the window.
+    ids: Remembered,
+}
+
+/// The ids of a window without extras.
+static NO_IDS: Remembered = Remembered::EMPTY;
+
+/// A window key's stored configuration (`QUOTA.SET key WINDOW limit window_ms [PRECISION ms]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// Most cost admitted in any window; `>= 0`.
+    pub limit: i64,
+    /// Window length, ms.
+    pub window_ms: i64,
+    /// Bucket width, ms (the default applied: `max(window_ms / 60, 1)`).
+    pub precision_ms: i64,
+}
+
+impl WindowConfig {
+    /// Validates a configuration (the rules of [`WindowParams::parse`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`WindowParams::parse`].
+    pub fn parse(
+        limit: i64,
+        window_ms: i64,
+        precision_ms: Option<i64>,
+    ) -> Result<Self, WindowError> {
+        let p = WindowParams::parse(limit, window_ms, Some(0), precision_ms)?;
+        Ok(Self {
+            limit: p.limit,
+            window_ms: p.window_ms,
+            precision_ms: p.precision_ms,
+        })
+    }
+
+    /// The parameters of a call with `cost` under this configuration.
+    pub fn params(&self, cost: i64) -> WindowParams {
+        WindowParams {
+            limit: self.limit,
+            window_ms: self.window_ms,
+            precision_ms: self.precision_ms,
+            cost,
+        }
+    }
+}
+
+/// A fully specified change of a window key beyond a plain counted call (multi-key admission):
+/// what a master replicates, and what a replica or an AOF replay applies without deciding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WindowEffect {
+    /// Stores a configuration (after recording nothing at its parameters: the buckets move to
+    /// its precision and horizon, as a call with them would).
+    Configure(WindowConfig),
+    /// Counts `cost` now with `window_ms`/`precision_ms` and, if `id` is given, remembers it
+    /// in the bucket counted.
+    Count {
+        window_ms: i64,
+        precision_ms: i64,
+        cost: i64,
+        id: Option<Id>,
+    },
+    /// Corrects a pending id's count to `actual` (in its bucket) and marks it settled.
+    Settle { id: Id, actual: i64 },
+    /// Gives back what a pending id counted and marks it rolled back.
+    Rollback { id: Id },
+    /// Forgets the ids whose bucket left the window (the sweeper's; changes nothing a call
+    /// would see).
+    Forget,
+}
+
+/// What a window key does with one id of a multi-key command, decided by the `plan_id_*`
+/// methods (pure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdPlan {
+    /// A new id that fits: count it. Carries the check before counting.
+    Grant(WindowDecision),
+    /// The id is pending with the same amount: nothing more is counted.
+    Retried,
+    /// Does not fit (the check says when it would).
+    Denied(WindowDecision),
+    /// A pending id: corrected by `delta` (settle) or given back `released` (rollback).
+    Corrected { delta: i64 },
+    /// Rolled back: `released` given back.
+    RolledBack { released: i64 },
+    /// Already settled with this actual, or already rolled back: nothing changes.
+    Duplicate,
+    /// Not remembered (its bucket left the window, or never counted here): nothing changes.
+    Skipped,
 }
 
 /// Summed cost of bucket `index` (ms `[index * precision, (index + 1) * precision - 1]`).
@@ -331,6 +438,26 @@ impl Counts {
         if let Counts::Wide(v) = self {
             if let Some(newest) = v.back_mut() {
                 *newest = count;
+            }
+        }
+    }
+
+    /// Sets the count at position `i` (if any).
+    fn set_at(&mut self, i: usize, count: i64) {
+        if let Counts::Narrow(v) = self {
+            match u32::try_from(count) {
+                Ok(c) => {
+                    if let Some(slot) = v.get_mut(i) {
+                        *slot = c;
+                    }
+                    return;
+                }
+                Err(_) => self.widen(),
+            }
+        }
+        if let Counts::Wide(v) = self {
+            if let Some(slot) = v.get_mut(i) {
+                *slot = count;
             }
         }
     }
@@ -607,6 +734,69 @@ impl Buckets {
         offsets.saturating_add(counts)
     }
 
+    /// The count of bucket `index` (0 if it holds nothing).
+    fn count_of(&self, index: i64) -> i64 {
+        match self.position(index) {
+            Ok(i) => self.counts.iter().nth(i).unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    /// `Ok(position)` of bucket `index`, or `Err(position)` where it would go.
+    fn position(&self, index: i64) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0usize, self.len());
+        while lo < hi {
+            let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
+            match self.index_at(mid) {
+                Some(i) if i < index => lo = mid.saturating_add(1),
+                Some(i) if i == index => return Ok(mid),
+                _ => hi = mid,
+            }
+        }
+        Err(lo)
+    }
+
+    /// Adds `delta` to bucket `index`'s count, never below 0: a bucket left at 0 is removed,
+    /// a missing one is inserted for a positive `delta`. All or nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`WindowError::Overflow`] if the count or the total would pass `i64::MAX`;
+    /// [`WindowError::Corrupt`] if an inserted index would not fit the storage's span.
+    fn adjust(&mut self, index: i64, delta: i64) -> Result<(), WindowError> {
+        let at = self.position(index);
+        let was = match at {
+            Ok(i) => self.counts.iter().nth(i).unwrap_or(0),
+            Err(_) => 0,
+        };
+        let now = i128::from(was).saturating_add(i128::from(delta)).max(0);
+        let now = i64::try_from(now).map_err(|_| WindowError::Overflow)?;
+        let total = self
+            .total
+            .saturating_add(i128::from(now))
+            .saturating_sub(i128::from(was));
+        if total > i128::from(i64::MAX) {
+            return Err(WindowError::Overflow);
+        }
+        match at {
+            Ok(i) if now > 0 => {
+                self.counts.set_at(i, now);
+                self.total = total;
+            }
+            Err(_) if now == 0 => {}
+            _ => {
+                // A bucket inserted or removed in the middle: rare (a correction of an amount
+                // counted alone in its bucket); rebuilt, at most 4097 buckets.
+                let rest = self.iter().filter(|b| b.index != index);
+                let inserted = (now > 0).then_some(Bucket { index, count: now });
+                let mut all: Vec<Bucket> = rest.chain(inserted).collect();
+                all.sort_by_key(|b| b.index);
+                *self = Self::from_buckets(all.iter().copied())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of the two allocations: offsets, counts.
     fn allocations(&self) -> (usize, usize) {
         let offsets = self
@@ -700,6 +890,7 @@ impl Window {
             horizon_ms: params.window_ms,
             last_ms: now_ms,
             buckets: Buckets::default(),
+            extras: None,
         }
     }
 
@@ -736,7 +927,7 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
     ) -> Result<WindowDecision, WindowError> {
-        self.record_inner(params, now_ms, None)
+        self.record_inner(params, now_ms, None, None)
     }
 
     /// [`Window::record`] of a call that `checked` (this window's [`Window::check`] with the
@@ -754,7 +945,7 @@ impl Window {
         now_ms: i64,
         checked: &WindowDecision,
     ) -> Result<WindowDecision, WindowError> {
-        self.record_inner(params, now_ms, Some(checked))
+        self.record_inner(params, now_ms, Some(checked), None)
     }
 
     fn record_inner(
@@ -762,11 +953,14 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
         checked: Option<&WindowDecision>,
+        id: Option<&[u8]>,
     ) -> Result<WindowDecision, WindowError> {
         params.validate()?;
         // Taken before the record changes the precision.
         let same_precision = params.precision_ms == self.precision_ms;
+        let (old_precision, old_last) = (self.precision_ms, i128::from(self.last_ms));
         let now = self.effective_now(now_ms);
+        let counted_at = bucket_of(i128::from(now), params.precision_ms)?;
         let horizon_ms = self.next_horizon(params);
         let budget = max_len(horizon_ms, params.precision_ms);
         let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
@@ -793,10 +987,29 @@ impl Window {
         }
         // Keep the heap proportional to what is held after a shrink or conversion.
         self.buckets.trim();
+        if !same_precision && !self.remembered().is_empty() {
+            // The ids follow their buckets to the new precision (the rule of `rebucketed`).
+            let p = params.precision_ms;
+            self.ids_mut().remap(|index| {
+                let at = bucket_last(index, old_precision).min(old_last);
+                bucket_of(at, p).unwrap_or(index)
+            });
+        }
         self.window_ms = params.window_ms;
         self.precision_ms = params.precision_ms;
         self.horizon_ms = horizon_ms;
         self.last_ms = now;
+        self.forget_stale(now);
+        if let Some(id) = id {
+            self.ids_mut().put(
+                id,
+                Entry {
+                    index: counted_at,
+                    counted: params.cost,
+                    status: IdStatus::Pending,
+                },
+            );
+        }
         if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
             // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
             // bucket — the cost's — is the last to leave the window.
@@ -817,6 +1030,315 @@ impl Window {
             ..Ask::new(params, now, now_ms)
         };
         Ok(decide_held(&self.buckets, &ask))
+    }
+
+    /// Window of the last recorded call, ms.
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    /// Bucket width of the held history, ms.
+    pub fn precision(&self) -> i64 {
+        self.precision_ms
+    }
+
+    /// The stored configuration, if any (`QUOTA.SET key WINDOW ...`).
+    pub fn config(&self) -> Option<&WindowConfig> {
+        self.extras.as_ref().and_then(|e| e.config.as_ref())
+    }
+
+    /// The remembered ids of multi-key reservations.
+    pub fn remembered(&self) -> &Remembered {
+        self.extras.as_ref().map_or(&NO_IDS, |e| &e.ids)
+    }
+
+    fn extras_mut(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    fn ids_mut(&mut self) -> &mut Remembered {
+        &mut self.extras_mut().ids
+    }
+
+    /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
+    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
+        match &self.extras {
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            None => (0, (0, 0, 0)),
+        }
+    }
+
+    /// The first bucket index still inside the window at `now` (unix ms): bucket `i` counts
+    /// iff `bucket_last(i) + window_ms > now`, i.e. `i >= floor((now - window_ms + 1) / p)`.
+    fn first_live_index(&self, now: i64) -> i64 {
+        let from = i128::from(now)
+            .saturating_sub(i128::from(self.window_ms))
+            .saturating_add(1);
+        bucket_of(from, self.precision_ms).unwrap_or(i64::MIN)
+    }
+
+    /// Physically forgets the ids whose bucket left the window at `now`; returns how many.
+    fn forget_stale(&mut self, now: i64) -> usize {
+        let first = self.first_live_index(now);
+        match self.remembered().oldest_index() {
+            Some(oldest) if oldest < first => self.ids_mut().forget_before(first),
+            _ => 0,
+        }
+    }
+
+    /// `id`'s entry as the key sees it at `now_ms`: `None` once its bucket has left the
+    /// window (whether or not it was physically forgotten yet).
+    pub fn id_entry(&self, id: &[u8], now_ms: i64) -> Option<Entry> {
+        let now = self.effective_now(now_ms);
+        self.remembered()
+            .get(id)
+            .filter(|e| e.index >= self.first_live_index(now))
+            .copied()
+    }
+
+    /// Unix ms at which the oldest remembered id's bucket leaves the window (the sweeper's
+    /// due time); `None` without ids.
+    pub fn ids_due_ms(&self) -> Option<i64> {
+        self.remembered().oldest_index().map(|index| {
+            clamp_i64(
+                bucket_last(index, self.precision_ms).saturating_add(i128::from(self.window_ms)),
+            )
+        })
+    }
+
+    /// How many ids a [`WindowEffect::Forget`] at `now_ms` would forget (0: nothing to sweep).
+    pub fn stale_ids(&self, now_ms: i64) -> usize {
+        let first = self.first_live_index(self.effective_now(now_ms));
+        self.remembered()
+            .iter()
+            .filter(|(_, e)| e.index < first)
+            .count()
+    }
+
+    /// What the window counts now under `params`' window and precision, `>= 0`.
+    pub fn counted(&self, params: &WindowParams, now_ms: i64) -> Result<i64, WindowError> {
+        let probe = WindowParams {
+            limit: i64::MAX,
+            cost: 0,
+            ..*params
+        };
+        let d = self.check(&probe, now_ms)?;
+        Ok(i64::MAX.saturating_sub(d.remaining))
+    }
+
+    /// Plans an id of `QUOTA.MRESERVE` counting `cost` under the stored configuration:
+    /// [`IdPlan::Grant`], [`IdPlan::Retried`] or [`IdPlan::Denied`].
+    ///
+    /// # Errors
+    ///
+    /// `ERR` without a configuration; `CONFLICT` if the id is remembered with another amount
+    /// or finished; `LIMIT` if `max_ids` ids are remembered; invalid cost.
+    pub fn plan_id_reserve(
+        &self,
+        now_ms: i64,
+        id: &[u8],
+        cost: i64,
+        max_ids: i64,
+    ) -> Result<IdPlan, LedgerError> {
+        let cfg = *self.config().ok_or(LedgerError::Invalid(NOT_CONFIGURED))?;
+        match self.id_entry(id, now_ms) {
+            Some(e) if e.status == IdStatus::Pending && e.counted == cost => {
+                return Ok(IdPlan::Retried)
+            }
+            Some(e) if e.status == IdStatus::Pending => {
+                return Err(window_conflict(
+                    id,
+                    "pending",
+                    "pending with a different amount",
+                ))
+            }
+            Some(e) => {
+                return Err(window_conflict(
+                    id,
+                    e.status.name(),
+                    "a finished id cannot be reserved again",
+                ))
+            }
+            None => {}
+        }
+        let d = self
+            .check(&cfg.params(cost), now_ms)
+            .map_err(window_error)?;
+        if !d.allowed {
+            return Ok(IdPlan::Denied(d));
+        }
+        let held = i64::try_from(self.remembered().len()).unwrap_or(i64::MAX);
+        if held >= max_ids {
+            return Err(LedgerError::TooManyPending { max: max_ids });
+        }
+        // The record must not refuse it (what it keeps, plus the cost, within i64).
+        self.record_fits(&cfg.params(cost), now_ms)
+            .map_err(|_| LedgerError::Overflow)?;
+        Ok(IdPlan::Grant(d))
+    }
+
+    /// Whether [`Window::record`] with `params` at `now_ms` would succeed: the checks it makes
+    /// before changing anything, without changing anything.
+    ///
+    /// # Errors
+    ///
+    /// As [`Window::record`].
+    pub fn record_fits(&self, params: &WindowParams, now_ms: i64) -> Result<(), WindowError> {
+        params.validate()?;
+        let now = self.effective_now(now_ms);
+        let horizon_ms = self.next_horizon(params);
+        let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
+        match self.rebucketed(params.precision_ms)? {
+            Some(converted) => plan(Held::converted(&converted), p, h, now, c).map(|_| ()),
+            None => {
+                let held = Held {
+                    buckets: self.buckets.iter(),
+                    len: self.buckets.len(),
+                    total: self.buckets.total,
+                    newest: self.buckets.newest(),
+                };
+                plan(held, p, h, now, c).map(|_| ())
+            }
+        }
+    }
+
+    /// Plans the settle of `id` with `actual` at `now_ms`: [`IdPlan::Corrected`],
+    /// [`IdPlan::Duplicate`] or [`IdPlan::Skipped`].
+    ///
+    /// # Errors
+    ///
+    /// `CONFLICT` if the id was rolled back or settled with another actual; `ERR` if the
+    /// correction would overflow; a negative actual.
+    pub fn plan_id_settle(
+        &self,
+        now_ms: i64,
+        id: &[u8],
+        actual: i64,
+    ) -> Result<IdPlan, LedgerError> {
+        if actual < 0 {
+            return Err(LedgerError::Invalid("actual must not be negative"));
+        }
+        let Some(e) = self.id_entry(id, now_ms) else {
+            return Ok(IdPlan::Skipped);
+        };
+        match e.status {
+            IdStatus::Pending => {
+                let delta = actual.checked_sub(e.counted).ok_or(LedgerError::Overflow)?;
+                let count = self.buckets.count_of(e.index);
+                let total = self.buckets.total.saturating_add(i128::from(delta));
+                if i128::from(count).saturating_add(i128::from(delta)) > i128::from(i64::MAX)
+                    || total > i128::from(i64::MAX)
+                {
+                    return Err(LedgerError::Overflow);
+                }
+                Ok(IdPlan::Corrected { delta })
+            }
+            IdStatus::Settled if e.counted == actual => Ok(IdPlan::Duplicate),
+            IdStatus::Settled => Err(window_conflict(
+                id,
+                "settled",
+                "already settled with another actual",
+            )),
+            IdStatus::RolledBack => Err(window_conflict(id, "rolledback", "it cannot be settled")),
+        }
+    }
+
+    /// Plans the rollback of `id` at `now_ms`: [`IdPlan::RolledBack`], [`IdPlan::Duplicate`]
+    /// or [`IdPlan::Skipped`].
+    ///
+    /// # Errors
+    ///
+    /// `CONFLICT` if the id was settled (a rollback never un-charges).
+    pub fn plan_id_rollback(&self, now_ms: i64, id: &[u8]) -> Result<IdPlan, LedgerError> {
+        let Some(e) = self.id_entry(id, now_ms) else {
+            return Ok(IdPlan::Skipped);
+        };
+        match e.status {
+            IdStatus::Pending => Ok(IdPlan::RolledBack {
+                released: e.counted,
+            }),
+            IdStatus::RolledBack => Ok(IdPlan::Duplicate),
+            IdStatus::Settled => Err(window_conflict(
+                id,
+                "settled",
+                "a rollback never un-charges",
+            )),
+        }
+    }
+
+    /// Applies one effect at `at_ms` (unix ms). Deterministic and all or nothing: on error the
+    /// value is unchanged. A settle or rollback of an id the key no longer remembers is an
+    /// error here (the master sends one only for a remembered id).
+    ///
+    /// # Errors
+    ///
+    /// [`WindowError`] for invalid parameters, an overflow, or an effect that does not fit
+    /// the state ([`WindowError::Corrupt`] naming it).
+    pub fn apply(&mut self, at_ms: i64, effect: &WindowEffect) -> Result<(), WindowError> {
+        match effect {
+            WindowEffect::Configure(cfg) => {
+                let params = cfg.params(0);
+                self.record_inner(&params, at_ms, None, None)?;
+                self.extras_mut().config = Some(*cfg);
+            }
+            WindowEffect::Count {
+                window_ms,
+                precision_ms,
+                cost,
+                id,
+            } => {
+                let params = WindowParams {
+                    limit: 0,
+                    window_ms: *window_ms,
+                    precision_ms: *precision_ms,
+                    cost: *cost,
+                };
+                self.record_inner(&params, at_ms, None, id.as_deref())?;
+            }
+            WindowEffect::Settle { id, actual } => self.finish_id(at_ms, id, Some(*actual))?,
+            WindowEffect::Rollback { id } => self.finish_id(at_ms, id, None)?,
+            WindowEffect::Forget => {
+                self.forget_stale(self.effective_now(at_ms));
+            }
+        }
+        Ok(())
+    }
+
+    /// Corrects a pending id's count to `actual` (`None`: 0, a rollback) and finishes it.
+    fn finish_id(&mut self, at_ms: i64, id: &[u8], actual: Option<i64>) -> Result<(), WindowError> {
+        let e = self
+            .id_entry(id, at_ms)
+            .filter(|e| e.status == IdStatus::Pending)
+            .ok_or(WindowError::Corrupt("no pending id to settle or roll back"))?;
+        let to = actual.unwrap_or(0);
+        if to < 0 {
+            return Err(WindowError::NegativeCost);
+        }
+        let delta = to.checked_sub(e.counted).ok_or(WindowError::Overflow)?;
+        self.buckets.adjust(e.index, delta)?;
+        self.ids_mut().put(
+            id,
+            Entry {
+                counted: to,
+                status: if actual.is_some() {
+                    IdStatus::Settled
+                } else {
+                    IdStatus::RolledBack
+                },
+                ..e
+            },
+        );
+        self.forget_stale(self.effective_now(at_ms));
+        Ok(())
+    }
+
+    /// Attaches a decoded configuration and ids (encoding 2) to a decoded window; the caller
+    /// validates the result.
+    pub fn with_extras(mut self, config: Option<WindowConfig>, ids: Remembered) -> Self {
+        self.extras =
+            (config.is_some() || !ids.is_empty()).then(|| Box::new(Extras { config, ids }));
+        self
     }
 
     /// Unix ms at which the newest bucket leaves the horizon: from then on the
@@ -923,6 +1445,50 @@ impl Window {
         }
         if i128::from(total) != self.buckets.total {
             return Err(WindowError::Corrupt("cached total"));
+        }
+        self.validate_extras()
+    }
+
+    /// The configuration and the remembered ids: a valid configuration; each id in a bucket
+    /// still inside the window at `last_ms` and not after it, counting `>= 0` (its amount while
+    /// pending, 0 once rolled back), and the ids of a bucket counting no more than it holds.
+    fn validate_extras(&self) -> Result<(), WindowError> {
+        if let Some(c) = self.config() {
+            WindowConfig::parse(c.limit, c.window_ms, Some(c.precision_ms))
+                .map_err(|_| WindowError::Corrupt("configuration"))?;
+        }
+        if self.remembered().is_empty() {
+            return Ok(());
+        }
+        let (first, newest) = (
+            self.first_live_index(self.last_ms),
+            bucket_of(i128::from(self.last_ms), self.precision_ms)
+                .map_err(|_| WindowError::Corrupt("last_ms"))?,
+        );
+        let mut checked: Option<i64> = None;
+        for (id, e) in self.remembered().iter() {
+            if id.is_empty() || e.index < first || e.index > newest {
+                return Err(WindowError::Corrupt("remembered id outside the window"));
+            }
+            if checked.is_some_and(|c| c > e.index) {
+                return Err(WindowError::Corrupt("remembered ids out of order"));
+            }
+            let ok = match e.status {
+                IdStatus::Pending | IdStatus::Settled => e.counted >= 0,
+                IdStatus::RolledBack => e.counted == 0,
+            };
+            if !ok {
+                return Err(WindowError::Corrupt("remembered id amount"));
+            }
+            if checked != Some(e.index)
+                && self.remembered().counted_in(e.index)
+                    > i128::from(self.buckets.count_of(e.index))
+            {
+                return Err(WindowError::Corrupt(
+                    "remembered ids count past their bucket",
+                ));
+            }
+            checked = Some(e.index);
         }
         Ok(())
     }
@@ -1218,6 +1784,23 @@ fn bucket_of(t: i128, precision_ms: i64) -> Result<i64, WindowError> {
         .checked_div_euclid(i128::from(precision_ms))
         .ok_or(WindowError::Overflow)?;
     i64::try_from(index).map_err(|_| WindowError::Overflow)
+}
+
+/// The error of a multi-key command on a window key without a stored configuration.
+pub const NOT_CONFIGURED: &str =
+    "a window key needs a stored configuration (QUOTA.SET key WINDOW limit window_ms)";
+
+fn window_conflict(id: &[u8], state: &'static str, why: &'static str) -> LedgerError {
+    LedgerError::Conflict {
+        id: id.to_vec(),
+        state,
+        why,
+    }
+}
+
+/// A window error met while planning a multi-key command (a corrupt value only).
+fn window_error(_: WindowError) -> LedgerError {
+    LedgerError::Overflow
 }
 
 /// Reply values beyond `i64` (absurd clocks only) saturate.
@@ -1528,6 +2111,7 @@ mod tests {
             horizon_ms: 100,
             last_ms: 1000,
             buckets: held(&[(95, 1), (100, 2)]),
+            extras: None,
         };
         good.validate().unwrap();
         let with = |f: &dyn Fn(&mut Window)| {
@@ -1716,6 +2300,7 @@ mod tests {
             horizon_ms: 100,
             last_ms: 1_000_000,
             buckets: held(&[(999_950, 1), (1_000_000, 2)]),
+            extras: None,
         };
         plain.validate().unwrap();
         let mut lagging = plain.clone();
@@ -2057,6 +2642,7 @@ mod tests {
                 horizon_ms,
                 last_ms,
                 buckets: held,
+                extras: None,
             };
             let _ = w.validate();
             let _ = w.empty_at_ms();
@@ -2069,5 +2655,152 @@ mod tests {
                 let _ = w.validate();
             }
         }
+    }
+
+    fn configured(limit: i64, window_ms: i64, precision_ms: i64, now: i64) -> Window {
+        let cfg = WindowConfig::parse(limit, window_ms, Some(precision_ms)).unwrap();
+        let mut w = Window::new(&cfg.params(0), now);
+        w.apply(now, &WindowEffect::Configure(cfg)).unwrap();
+        w
+    }
+
+    fn count_id(w: &mut Window, now: i64, id: &[u8], cost: i64) {
+        let cfg = *w.config().unwrap();
+        let plan = w.plan_id_reserve(now, id, cost, i64::MAX).unwrap();
+        assert!(matches!(plan, IdPlan::Grant(_)), "{plan:?}");
+        w.apply(
+            now,
+            &WindowEffect::Count {
+                window_ms: cfg.window_ms,
+                precision_ms: cfg.precision_ms,
+                cost,
+                id: Some(id.into()),
+            },
+        )
+        .unwrap();
+    }
+
+    /// Ids follow their buckets through a precision change (the rule of `rebucketed`), so a
+    /// later correction lands in the bucket that holds the amount; counts stay consistent.
+    #[test]
+    fn ids_follow_their_buckets_through_a_precision_change() {
+        let mut w = configured(1000, 60_000, 1000, 10_000);
+        count_id(&mut w, 10_100, b"a", 300);
+        count_id(&mut w, 11_500, b"b", 200);
+        count_id(&mut w, 11_700, b"c", 50);
+        assert_eq!(w.remembered().get(b"b").unwrap().index, 11);
+        // Precision 10 s: buckets 10 and 11 (ms up to 11 999, clamped to last_ms 11 700) both
+        // move into bucket 1.
+        let coarse = WindowConfig::parse(1000, 60_000, Some(10_000)).unwrap();
+        w.apply(12_000, &WindowEffect::Configure(coarse)).unwrap();
+        w.validate().unwrap();
+        assert!(w.remembered().iter().all(|(_, e)| e.index == 1));
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 550);
+        // b settles with 20: 180 given back, in bucket 1.
+        assert_eq!(
+            w.plan_id_settle(12_000, b"b", 20).unwrap(),
+            IdPlan::Corrected { delta: -180 }
+        );
+        w.apply(
+            12_000,
+            &WindowEffect::Settle {
+                id: b"b"[..].into(),
+                actual: 20,
+            },
+        )
+        .unwrap();
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 370);
+        // a and c rolled back: the bucket empties and is removed; a settle of a is a conflict.
+        for id in [&b"a"[..], b"c"] {
+            w.apply(12_000, &WindowEffect::Rollback { id: id.into() })
+                .unwrap();
+        }
+        assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 20);
+        assert!(matches!(
+            w.plan_id_settle(12_000, b"a", 1),
+            Err(LedgerError::Conflict { .. })
+        ));
+        assert_eq!(w.plan_id_rollback(12_000, b"a").unwrap(), IdPlan::Duplicate);
+        w.validate().unwrap();
+        // A correction up into an emptied bucket inserts it again (counted 0 -> 5).
+        let mut v = configured(100, 1000, 10, 0);
+        count_id(&mut v, 5, b"z", 0);
+        assert_eq!(v.bucket_count(), 0);
+        v.apply(
+            6,
+            &WindowEffect::Settle {
+                id: b"z"[..].into(),
+                actual: 5,
+            },
+        )
+        .unwrap();
+        assert_eq!(v.bucket_count(), 1);
+        assert_eq!(v.counted(&v.config().unwrap().params(0), 6).unwrap(), 5);
+        v.validate().unwrap();
+        // Once the bucket has left the window the id is gone: skipped, and a record forgets it.
+        assert!(matches!(
+            v.plan_id_settle(1008, b"z", 9),
+            Err(LedgerError::Conflict { .. })
+        ));
+        assert_eq!(v.stale_ids(1008), 0);
+        assert_eq!(v.plan_id_settle(1009, b"z", 9).unwrap(), IdPlan::Skipped);
+        assert_eq!(v.stale_ids(1009), 1);
+        assert_eq!(v.ids_due_ms(), Some(1009));
+        v.apply(1009, &WindowEffect::Forget).unwrap();
+        assert!(v.remembered().is_empty());
+    }
+
+    /// A loaded value whose ids break an invariant is refused.
+    #[test]
+    fn corrupt_ids_are_refused() {
+        let mut w = configured(100, 1000, 10, 0);
+        count_id(&mut w, 5, b"a", 3);
+        w.validate().unwrap();
+        let with = |entry: Entry| {
+            let mut ids = Remembered::default();
+            ids.put(b"a", entry);
+            w.clone().with_extras(w.config().copied(), ids)
+        };
+        let ok = Entry {
+            index: 0,
+            counted: 3,
+            status: IdStatus::Pending,
+        };
+        with(ok).validate().unwrap();
+        for bad in [
+            Entry { counted: 4, ..ok },
+            Entry { index: 1, ..ok },
+            Entry { index: -200, ..ok },
+            Entry { counted: -1, ..ok },
+            Entry {
+                status: IdStatus::RolledBack,
+                ..ok
+            },
+        ] {
+            assert!(with(bad).validate().is_err(), "{bad:?}");
+        }
+        // A record refused by an overflow is refused at planning, before anything changes.
+        let mut big = configured(i64::MAX, 1000, 10, 0);
+        count_id(&mut big, 5, b"x", i64::MAX - 1);
+        assert_eq!(
+            big.plan_id_settle(6, b"x", i64::MAX).unwrap(),
+            IdPlan::Corrected { delta: 1 }
+        );
+        let mut other = big.clone();
+        other
+            .apply(
+                6,
+                &WindowEffect::Count {
+                    window_ms: 1000,
+                    precision_ms: 10,
+                    cost: 1,
+                    id: None,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            other.plan_id_settle(6, b"x", i64::MAX),
+            Err(LedgerError::Overflow)
+        );
     }
 }

@@ -8,7 +8,7 @@ use redis_module::{Context, RedisError, RedisString};
 
 use crate::core::ledger::{Budget, Effect, View};
 use crate::shell::usage::{self, UsageEntry};
-use crate::shell::{events, replicate, stats, sweeper};
+use crate::shell::{events, replicate, stats, sweep_index};
 
 /// Applies effects to a budget in place (master path), replicates the ones applied and adds
 /// their usage entries to the budget's stream. Returns the budget's view at `at` afterwards,
@@ -123,7 +123,7 @@ pub fn apply_counted_logged(
     events::notify(ctx, key_name, applied, || {
         view.get_or_insert_with(|| budget.view(at)).available
     });
-    sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), budget);
+    sweep_index::track_budget(sweep_index::selected_db(ctx), key_name.as_slice(), budget);
     (result, view)
 }
 

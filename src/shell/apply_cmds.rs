@@ -18,7 +18,7 @@ use crate::shell::args::{parse_i64, Args};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
 use crate::shell::key::ModuleKey;
 use crate::shell::window_type::{WINDOW_TYPE, WINDOW_TYPE_NAME};
-use crate::shell::{effects, events, persist, stats, sweeper};
+use crate::shell::{effects, events, persist, stats, sweep_index};
 
 /// Is this call replaying the master's stream or the AOF?
 pub(crate) fn from_replication_or_loading(ctx: &Context) -> bool {
@@ -64,7 +64,11 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let result = apply_all(&mut budget, at, &list);
             if result.applied > 0 {
                 let counts = Counts::of(&budget);
-                sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
+                sweep_index::track_budget(
+                    sweep_index::selected_db(ctx),
+                    key_name.as_slice(),
+                    &budget,
+                );
                 key.set_value(&BUDGET_TYPE, budget)?;
                 counts.adopt();
                 events::notify(
@@ -115,12 +119,18 @@ pub fn quota_load(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let budget = persist::decode_budget(encver, payload).map_err(bad)?;
         let mut key = ModuleKey::open_writable(ctx, key_name)?;
         let counts = Counts::of(&budget);
-        sweeper::track_budget(sweeper::selected_db(ctx), key_name.as_slice(), &budget);
+        sweep_index::track_budget(sweep_index::selected_db(ctx), key_name.as_slice(), &budget);
         // Adopted only once stored, so the counters only ever see values Redis holds.
         key.set_value(&BUDGET_TYPE, budget)?;
         counts.adopt();
     } else if type_name == WINDOW_TYPE_NAME.as_bytes() {
         let window = persist::decode_window(encver, payload).map_err(bad)?;
+        sweep_index::track_window(
+            sweep_index::selected_db(ctx),
+            key_name.as_slice(),
+            &window,
+            false,
+        );
         ModuleKey::open_writable(ctx, key_name)?.set_value(&WINDOW_TYPE, window)?;
         stats::bump(&stats::WINDOW_KEYS);
     } else {

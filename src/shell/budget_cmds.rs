@@ -8,18 +8,20 @@ use crate::core::ledger::{
     DEFAULT_STREAM_MAX_LEN,
 };
 use crate::core::period::{Period, PeriodKind};
+use crate::core::window::Window;
 use crate::shell::apply::{apply_and_propagate, Counts};
 use crate::shell::args::{check_id, syntax_error, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::{error_reply, reply_array, reply_fields, Field, Item};
+use crate::shell::window_type::WINDOW_TYPE;
 use crate::shell::{clock, config, events, replicate, stats, usage};
 
 /// Most entries QUOTA.PENDING returns in one call.
 pub const MAX_PENDING_COUNT: i64 = 10_000;
 
-fn noquota() -> RedisError {
+pub(crate) fn noquota() -> RedisError {
     RedisError::Str("NOQUOTA no budget at this key (create it with QUOTA.SET)")
 }
 
@@ -76,6 +78,13 @@ fn parse_at(args: &mut Args, token: &[u8]) -> Result<Option<Option<i64>>, RedisE
 pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 1)?;
     let key_name = a.next_string()?;
+    if args
+        .get(2)
+        .is_some_and(|t| t.as_slice().eq_ignore_ascii_case(b"WINDOW"))
+    {
+        a.next_bytes()?;
+        return crate::shell::window_cmds::quota_set_window(ctx, key_name, &mut a);
+    }
     let (mut limit, mut used, mut overdraft, mut max_reserve, mut ttl) =
         (None, None, None, None, None);
     let (mut nx, mut xx, mut at) = (false, false, None);
@@ -298,10 +307,22 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             None => return Err(syntax_error(t)),
         }
     }
-    let Some((v, period, log)) = with_budget(ctx, key_name, at, |b, now| {
+    let info = match with_budget(ctx, key_name, at, |b, now| {
         (b.view(now), b.period().clone(), b.usage().cloned())
-    })?
-    else {
+    }) {
+        Err(RedisError::WrongType) => {
+            // A window key (or another type: WRONGTYPE).
+            let now = clock::command_ms(at)?;
+            let key = ctx.open_key(key_name);
+            let w = crate::shell::wrongtype(key.get_value::<Window>(&WINDOW_TYPE))?;
+            return match w {
+                Some(w) => crate::shell::window_cmds::window_info(ctx, w, now),
+                None => Ok(RedisValue::Null),
+            };
+        }
+        other => other?,
+    };
+    let Some((v, period, log)) = info else {
         return Ok(RedisValue::Null);
     };
     let (start, end) = v.period_bounds.unwrap_or((-1, -1));
@@ -333,7 +354,7 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// A new id must fit `quota.max-id-length` (`max`, bytes); one the budget knows (a retry of
 /// a reservation or charge made before the config was lowered) only the hard cap, so lowering
 /// it strands nothing and retries still get their remembered answer.
-fn check_new_id(b: &Budget, id: Option<&[u8]>, max: i64) -> Result<(), RedisError> {
+pub(crate) fn check_new_id(b: &Budget, id: Option<&[u8]>, max: i64) -> Result<(), RedisError> {
     let Some(id) = id else {
         return Ok(());
     };
@@ -346,7 +367,7 @@ fn check_new_id(b: &Budget, id: Option<&[u8]>, max: i64) -> Result<(), RedisErro
 
 /// An `ID` argument of RESERVE or CHARGE as parsed: non-empty and within the hard cap (no
 /// known id is longer); beyond it refused naming `quota.max-id-length`, the limit a user set.
-fn check_id_arg(v: &[u8]) -> Result<(), RedisError> {
+pub(crate) fn check_id_arg(v: &[u8]) -> Result<(), RedisError> {
     check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))
 }
 

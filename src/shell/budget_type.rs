@@ -11,7 +11,7 @@ use redis_module::{logging, native_types::RedisType, raw};
 use crate::core::ledger::Budget;
 use crate::shell::apply::Counts;
 use crate::shell::persist::{decode_budget, encode_budget, BUDGET_ENCVER};
-use crate::shell::sweeper;
+use crate::shell::sweep_index;
 use crate::shell::type_methods::{add_digest, emit_load, type_methods, TypeCallbacks};
 
 /// The type's name, also the type token of `QUOTA.LOAD`.
@@ -46,8 +46,8 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     match decode_budget(encver, buffer.as_ref()) {
         Ok(budget) => {
             Counts::of(&budget).adopt();
-            if let Some((db, key)) = sweeper::key_of_io(rdb) {
-                sweeper::track_budget(db, &key, &budget);
+            if let Some((db, key)) = sweep_index::key_of_io(rdb) {
+                sweep_index::track_budget(db, &key, &budget);
             }
             Box::into_raw(Box::new(budget)).cast::<c_void>()
         }

@@ -138,6 +138,21 @@ impl<'a> ModuleKey<'a> {
         }
     }
 
+    /// Removes the key's expiry (a no-op if it has none). The key must hold a value.
+    pub fn remove_expire(&self) -> Result<(), RedisError> {
+        let get = api!(RedisModule_GetExpire)?;
+        let set = api!(RedisModule_SetExpire)?;
+        // SAFETY: the key is open for writing; GetExpire answers -1 (REDISMODULE_NO_EXPIRE)
+        // for a key without expiry, and SetExpire with -1 removes one.
+        unsafe {
+            if self.inner.is_null() || get(self.inner) == -1 || set(self.inner, -1) == OK {
+                Ok(())
+            } else {
+                Err(RedisError::Str("ERR could not remove the key's expiry"))
+            }
+        }
+    }
+
     /// Deletes the key (a no-op if it is empty).
     pub fn delete(&self) -> Result<(), RedisError> {
         let delete = api!(RedisModule_DeleteKey)?;

@@ -13,16 +13,20 @@ pub mod config;
 pub mod effects;
 pub mod events;
 pub mod key;
+pub mod key_specs;
 pub mod memory;
+pub mod multi_cmds;
 pub mod persist;
 pub mod replicate;
 pub mod reply;
 pub mod stats;
+pub mod sweep_index;
 pub mod sweeper;
 pub mod type_methods;
 pub mod usage;
 pub mod window_apply;
 pub mod window_cmds;
+pub mod window_effects;
 pub mod window_type;
 
 /// Makes `msg` safe for the Redis log, which treats it as a printf format and stops at NUL,

@@ -54,6 +54,19 @@ pub fn replicate_key_ints(ctx: &Context, command: &CStr, key: &RedisString, ints
     });
 }
 
+/// Replicates `command key <packed>`, the packed string written by `fill`.
+pub fn replicate_key_with(
+    ctx: &Context,
+    command: &CStr,
+    key: &RedisString,
+    fill: impl FnOnce(&mut Packed),
+) {
+    with_buffer(|packed| {
+        fill(packed);
+        replicate_packed(ctx, command, key, packed);
+    });
+}
+
 std::thread_local! {
     /// One buffer reused by every write (only the main thread replicates): no allocation per
     /// write once it has grown to the longest packed string.

@@ -9,6 +9,9 @@
 //! unconditionally ([`crate::core::window::Window::record`]), so the same stream applied to the
 //! same state gives the same state, and the same expiry, on any server, whatever its clock.
 //!
+//! The effect form `QUOTA.WAPPLY key <at_ms EFFECT args ...>` (configured keys and the ids of
+//! multi-key reservations) is described in [`crate::shell::window_effects`].
+//!
 //! Accepted only from the master link or while loading (a client could otherwise forge state).
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
@@ -20,7 +23,7 @@ use crate::shell::clock::MAX_AT_MS;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::error_reply;
 use crate::shell::window_cmds::{record_at_key, Record, EVENT, NO_EXPIRY, WAPPLY};
-use crate::shell::{effects, events};
+use crate::shell::{effects, events, window_effects};
 
 /// `QUOTA.WAPPLY key <packed>` (the five integers in one [`crate::shell::effects::Packed`]
 /// string) or `QUOTA.WAPPLY key at_ms window_ms precision_ms cost expire_at_ms` → OK.
@@ -37,6 +40,28 @@ pub fn quota_wapply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     } else {
         args.iter().skip(2).map(RedisString::as_slice).collect()
     };
+    // The effect form (a configured key, multi-key reservations): a word after at_ms.
+    if let [at, op, rest @ ..] = ints.as_slice() {
+        if parse_i64(op).is_err() {
+            let at_ms = parse_i64(at)?;
+            if !(0..=MAX_AT_MS).contains(&at_ms) {
+                return Err(RedisError::Str("ERR QUOTA.WAPPLY: bad at_ms"));
+            }
+            let effects = window_effects::decode(std::iter::once(*op).chain(rest.iter().copied()))?;
+            let mut key = ModuleKey::open_writable(ctx, key_name)?;
+            let (applied, error) =
+                window_effects::apply_at_key(ctx, &mut key, key_name, at_ms, &effects);
+            drop(key);
+            if applied > 0 {
+                // Feeds this server's own AOF and sub-replicas (they stop at the same point).
+                ctx.replicate_verbatim();
+            }
+            return match error {
+                Some(e) => Err(e),
+                None => Ok(RedisValue::SimpleStringStatic("OK")),
+            };
+        }
+    }
     let [at_ms, window_ms, precision_ms, cost, expire_at] = ints.as_slice() else {
         return Err(RedisError::WrongArity);
     };

@@ -10,16 +10,20 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString};
 
-use crate::core::window::{Window, WindowDecision, WindowError, WindowParams, MAX_WINDOW_MS};
+use redis_module::RedisValue;
+
+use crate::core::window::{
+    Window, WindowConfig, WindowDecision, WindowEffect, WindowError, WindowParams, MAX_WINDOW_MS,
+};
 use crate::shell::args::{syntax_error, Args};
 use crate::shell::key::ModuleKey;
-use crate::shell::reply::{error_reply, reply_array, Item};
+use crate::shell::reply::{error_reply, reply_array, reply_fields, Field, Item};
 use crate::shell::window_type::WINDOW_TYPE;
-use crate::shell::{clock, events, replicate, stats};
+use crate::shell::{clock, events, replicate, stats, window_effects};
 
 /// Name of the internal command carrying a recorded call to replicas and the AOF.
 pub const WAPPLY: &str = "QUOTA.WAPPLY";
-const WAPPLY_C: &std::ffi::CStr = c"QUOTA.WAPPLY";
+pub(crate) const WAPPLY_C: &std::ffi::CStr = c"QUOTA.WAPPLY";
 
 /// `expire_at_ms` of a `QUOTA.WAPPLY` whose key holds nothing afterwards (deleted).
 pub const NO_EXPIRY: i64 = -1;
@@ -33,16 +37,34 @@ const WINDOW_TOO_LONG: &str = "ERR window_ms must be at most 1000000000000000";
 /// A parsed `QUOTA.WINDOW` call.
 struct Request<'a> {
     key: &'a RedisString,
-    params: WindowParams,
+    /// `None`: the config form (`QUOTA.WINDOW key [COST n] [PEEK]`), whose limit, window and
+    /// precision are the key's stored configuration.
+    params: Option<WindowParams>,
+    cost: i64,
     peek: bool,
     at: Option<i64>,
 }
 
 fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
-    let mut a = Args::new(args, 3)?;
+    let mut a = Args::new(args, 1)?;
     let key = a.next_string()?;
-    let limit = a.next_i64()?;
-    let window_ms = a.next_i64()?;
+    // The config form when the limit is absent: no argument, or one of its options where
+    // the limit would be (anything else is read as a limit, so "ten" is still "not an
+    // integer").
+    let explicit = args.get(2).is_some_and(|t| {
+        let t = t.as_slice();
+        !(t.eq_ignore_ascii_case(b"COST")
+            || t.eq_ignore_ascii_case(b"PEEK")
+            || t.eq_ignore_ascii_case(b"AT"))
+    });
+    let (limit, window_ms) = if explicit {
+        if args.len() < 4 {
+            return Err(RedisError::WrongArity);
+        }
+        (a.next_i64()?, a.next_i64()?)
+    } else {
+        (0, 0)
+    };
     let (mut cost, mut precision, mut peek, mut at) = (None, None, false, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
@@ -54,7 +76,7 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
                 return Err(error_reply(WindowError::NegativeCost));
             }
             cost = Some(n);
-        } else if t.eq_ignore_ascii_case(b"PRECISION") {
+        } else if t.eq_ignore_ascii_case(b"PRECISION") && explicit {
             let n = a.next_i64()?;
             if n <= 0 {
                 return Err(error_reply(WindowError::PrecisionNotPositive));
@@ -68,17 +90,30 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
             return Err(syntax_error(t));
         }
     }
-    // Before the combined checks (bucket count), so that this error names the cause.
-    if window_ms > MAX_WINDOW_MS {
-        return Err(RedisError::Str(WINDOW_TOO_LONG));
-    }
-    let params = WindowParams::parse(limit, window_ms, cost, precision).map_err(error_reply)?;
+    let params = if explicit {
+        // Before the combined checks (bucket count), so that this error names the cause.
+        if window_ms > MAX_WINDOW_MS {
+            return Err(RedisError::Str(WINDOW_TOO_LONG));
+        }
+        Some(WindowParams::parse(limit, window_ms, cost, precision).map_err(error_reply)?)
+    } else {
+        None
+    };
     Ok(Request {
         key,
         params,
+        cost: cost.unwrap_or(1),
         peek,
         at,
     })
+}
+
+/// The error of the config form, or a multi-key command, on a key without a stored
+/// configuration.
+pub fn no_window_config() -> RedisError {
+    RedisError::Str(
+        "NOQUOTA no window configuration at this key (create it with QUOTA.SET key WINDOW limit window_ms)",
+    )
 }
 
 fn reply(ctx: &Context, d: &WindowDecision) -> RedisResult {
@@ -101,15 +136,27 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
     // One writable open: a call that records nothing (PEEK, a denial, an error) declares the
     // key unchanged, so WATCH and client tracking see nothing.
     let mut key = ModuleKey::open_writable(ctx, req.key)?;
-    let checked = match key.value::<Window>(&WINDOW_TYPE) {
-        Ok(Some(w)) => w.check(&req.params, now).map(|c| (c, true)),
-        Ok(None) => Window::new(&req.params, now)
-            .check(&req.params, now)
-            .map(|c| (c, false)),
+    let stored = match key.value::<Window>(&WINDOW_TYPE) {
+        Ok(w) => w,
         Err(e) => {
             key.unchanged();
             return Err(e);
         }
+    };
+    let configured = stored.is_some_and(|w| w.config().is_some());
+    let params = match (req.params, stored.and_then(Window::config)) {
+        (Some(p), _) => p,
+        (None, Some(c)) => c.params(req.cost),
+        (None, None) => {
+            key.unchanged();
+            return Err(no_window_config());
+        }
+    };
+    let checked = match stored {
+        Some(w) => w.check(&params, now).map(|c| (c, true)),
+        None => Window::new(&params, now)
+            .check(&params, now)
+            .map(|c| (c, false)),
     };
     let (checked, exists) = match checked {
         Ok(c) => c,
@@ -127,12 +174,34 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
     // Nothing to write: a PEEK, a denial, or a cost-0 call on a missing key (which would
     // create an empty window; its decision is the same as the check's).
-    if req.peek || !checked.allowed || (!exists && req.params.cost == 0) {
+    if req.peek || !checked.allowed || (!exists && params.cost == 0) {
         key.unchanged();
         return reply(ctx, &checked);
     }
-    let (decision, expire_at) =
-        record_at_key(&mut key, &req.params, now, Record::Admitted(&checked))?;
+    if configured {
+        // A configured key: no expiry, and the effect form of QUOTA.WAPPLY.
+        let effect = WindowEffect::Count {
+            window_ms: params.window_ms,
+            precision_ms: params.precision_ms,
+            cost: params.cost,
+            id: None,
+        };
+        window_effects::apply_and_propagate(ctx, &mut key, req.key, now, &[effect])?;
+        let after = key
+            .value::<Window>(&WINDOW_TYPE)?
+            .map(|w| w.check(&WindowParams { cost: 0, ..params }, now));
+        drop(key);
+        let after = after.ok_or_else(no_window_config)?.map_err(error_reply)?;
+        return reply(
+            ctx,
+            &WindowDecision {
+                allowed: true,
+                retry_after_ms: 0,
+                ..after
+            },
+        );
+    }
+    let (decision, expire_at) = record_at_key(&mut key, &params, now, Record::Admitted(&checked))?;
     drop(key);
     events::publish(ctx, req.key, EVENT);
     replicate::replicate_key_ints(
@@ -141,13 +210,105 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
         req.key,
         &[
             now,
-            req.params.window_ms,
-            req.params.precision_ms,
-            req.params.cost,
+            params.window_ms,
+            params.precision_ms,
+            params.cost,
             expire_at.unwrap_or(NO_EXPIRY),
         ],
     );
     reply(ctx, &decision)
+}
+
+/// `QUOTA.SET key WINDOW limit window_ms [PRECISION ms] [NX|XX] [AT ms]` (the arguments after
+/// `WINDOW` in `args`) → 1 if created, 0 otherwise. Stores the configuration in a window key
+/// (created empty if missing); the counts are kept and follow the new precision and window as
+/// a call with them would. A configured key never expires. `WRONGTYPE` on a budget.
+pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) -> RedisResult {
+    let limit = args.next_i64()?;
+    let window_ms = args.next_i64()?;
+    let (mut precision, mut nx, mut xx, mut at) = (None, false, false, None);
+    while !args.is_empty() {
+        let t = args.next_bytes()?;
+        if t.eq_ignore_ascii_case(b"PRECISION") {
+            let n = args.next_i64()?;
+            if n <= 0 {
+                return Err(error_reply(WindowError::PrecisionNotPositive));
+            }
+            precision = Some(n);
+        } else if t.eq_ignore_ascii_case(b"NX") {
+            nx = true;
+        } else if t.eq_ignore_ascii_case(b"XX") {
+            xx = true;
+        } else if t.eq_ignore_ascii_case(b"AT") {
+            at = Some(args.next_i64()?);
+        } else {
+            return Err(syntax_error(t));
+        }
+    }
+    if nx && xx {
+        return Err(RedisError::Str(
+            "ERR NX and XX options at the same time are not compatible",
+        ));
+    }
+    if window_ms > MAX_WINDOW_MS {
+        return Err(RedisError::Str(WINDOW_TOO_LONG));
+    }
+    let config = WindowConfig::parse(limit, window_ms, precision).map_err(error_reply)?;
+    let now = clock::command_ms(at)?;
+    let mut key = ModuleKey::open_writable(ctx, key_name)?;
+    let (exists, same) = match key.value::<Window>(&WINDOW_TYPE) {
+        Ok(Some(w)) => (true, w.config() == Some(&config)),
+        Ok(None) => (false, false),
+        Err(e) => {
+            key.unchanged();
+            return Err(e);
+        }
+    };
+    // NX on a window key, XX on an empty one, or the configuration it already has: nothing.
+    if (exists && (nx || same)) || (!exists && xx) {
+        key.unchanged();
+        return Ok(RedisValue::Integer(0));
+    }
+    window_effects::apply_and_propagate(
+        ctx,
+        &mut key,
+        key_name,
+        now,
+        &[WindowEffect::Configure(config)],
+    )?;
+    Ok(RedisValue::Integer(i64::from(!exists)))
+}
+
+/// `QUOTA.INFO` of a window key: limit (-1 without a stored configuration), window_ms,
+/// precision_ms, counted, remaining (-1 without a configuration), reset_after_ms, and
+/// `remembered_ids` (ids of multi-key reservations still in the window).
+pub fn window_info(ctx: &Context, w: &Window, now: i64) -> RedisResult {
+    let (limit, window_ms, precision_ms) = match w.config() {
+        Some(c) => (c.limit, c.window_ms, c.precision_ms),
+        None => (-1, w.window_ms(), w.precision()),
+    };
+    let params = WindowParams {
+        limit: limit.max(0),
+        window_ms,
+        precision_ms,
+        cost: 0,
+    };
+    let d = w.check(&params, now).map_err(error_reply)?;
+    let counted = w.counted(&params, now).map_err(error_reply)?;
+    let remaining = if limit < 0 { -1 } else { d.remaining };
+    let ids = i64::try_from(w.remembered().len()).unwrap_or(i64::MAX);
+    reply_fields(
+        ctx,
+        &[
+            ("limit", Field::Int(limit)),
+            ("window_ms", Field::Int(window_ms)),
+            ("precision_ms", Field::Int(precision_ms)),
+            ("counted", Field::Int(counted)),
+            ("remaining", Field::Int(remaining)),
+            ("reset_after_ms", Field::Int(d.reset_after_ms)),
+            ("remembered_ids", Field::Int(ids)),
+        ],
+    )
 }
 
 /// The effect of a recorded call on a writable key, shared by the master (`QUOTA.WINDOW`) and

@@ -12,8 +12,8 @@ use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::window::Window;
 use crate::shell::persist::{decode_window, encode_window, WINDOW_ENCVER};
-use crate::shell::stats;
 use crate::shell::type_methods::{add_digest, emit_load, type_methods, TypeCallbacks};
+use crate::shell::{stats, sweep_index};
 
 /// The type's name, also the type token of `QUOTA.LOAD`.
 pub const WINDOW_TYPE_NAME: &str = "rq-window";
@@ -48,6 +48,11 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     match decode_window(encver, buffer.as_ref()) {
         Ok(window) => {
             stats::bump(&stats::WINDOW_KEYS);
+            if !window.remembered().is_empty() {
+                if let Some((db, key)) = sweep_index::key_of_io(rdb) {
+                    sweep_index::track_window(db, &key, &window, false);
+                }
+            }
             Box::into_raw(Box::new(window)).cast::<c_void>()
         }
         Err(e) => {

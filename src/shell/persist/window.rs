@@ -1,23 +1,49 @@
 //! Sliding-window values (`rq-window`): encoding versions and their decoders.
 //!
-//! Version 1 is bincode (see [`super::options`]) of [`Window`] itself: the core declares its
-//! serialized field order to be the wire format (`window_ms, precision_ms, horizon_ms, last_ms,
-//! buckets: [(index, count)]`). The golden test below pins those bytes: if `Window`'s fields
-//! ever change, keep a frozen `WindowV1` mirror here for the old decoder and add encver 2.
+//! Version 1 is bincode (see [`super::options`]) of [`Window`]'s serialized fields: the core
+//! declares their order to be the wire format (`window_ms, precision_ms, horizon_ms, last_ms,
+//! buckets: [(index, count)]`). Version 2 (issue 19) is [`WindowV2`]: those same fields, then
+//! the stored configuration and the remembered ids of multi-key reservations. The golden tests
+//! below pin both: if `Window`'s serialized fields ever change, keep a frozen mirror here for
+//! the old decoders and add encver 3.
 
 use bincode::Options;
 
 use super::{options, DecodeError};
-use crate::core::window::Window;
+use crate::core::remembered::{Entry, IdStatus, Remembered};
+use crate::core::window::{Window, WindowConfig};
 
 /// Encoding version of window values written by this build.
-pub const WINDOW_ENCVER: i32 = 1;
+pub const WINDOW_ENCVER: i32 = 2;
+
+/// Version 2: the v1 fields, the configuration, the ids in bucket order (then arrival).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WindowV2 {
+    window: Window,
+    /// `(limit, window_ms, precision_ms)`.
+    config: Option<(i64, i64, i64)>,
+    ids: Vec<IdV2>,
+}
+
+/// One remembered id: bytes, bucket index, counted, status code (0 pending, 1 settled, 2
+/// rolled back).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct IdV2(Vec<u8>, i64, i64, u8);
 
 /// Encodes a window at the current encoding version.
 pub fn encode_window(w: &Window) -> Vec<u8> {
-    // Plain integers in a bounded deque (at most 4097 buckets): cannot exceed the limit; an
-    // empty buffer would fail loudly on load rather than panic here.
-    options().serialize(w).unwrap_or_default()
+    let v2 = WindowV2 {
+        window: w.clone(),
+        config: w.config().map(|c| (c.limit, c.window_ms, c.precision_ms)),
+        ids: w
+            .remembered()
+            .iter()
+            .map(|(id, e)| IdV2(id.to_vec(), e.index, e.counted, e.status.code()))
+            .collect(),
+    };
+    // Plain integers and bounded sequences: cannot exceed the limit; an empty buffer would
+    // fail loudly on load rather than panic here.
+    options().serialize(&v2).unwrap_or_default()
 }
 
 /// Decodes a window written at encoding version `encver`; the value must pass
@@ -25,6 +51,7 @@ pub fn encode_window(w: &Window) -> Vec<u8> {
 pub fn decode_window(encver: i32, bytes: &[u8]) -> Result<Window, DecodeError> {
     match encver {
         1 => decode_v1(bytes),
+        2 => decode_v2(bytes),
         v => Err(DecodeError::UnknownVersion(v)),
     }
 }
@@ -37,11 +64,118 @@ fn decode_v1(bytes: &[u8]) -> Result<Window, DecodeError> {
     Ok(w)
 }
 
+fn decode_v2(bytes: &[u8]) -> Result<Window, DecodeError> {
+    let v2: WindowV2 = options()
+        .deserialize(bytes)
+        .map_err(DecodeError::from_bincode)?;
+    let config = match v2.config {
+        Some((limit, window_ms, precision_ms)) => Some(
+            WindowConfig::parse(limit, window_ms, Some(precision_ms))
+                .map_err(DecodeError::invalid)?,
+        ),
+        None => None,
+    };
+    let mut ids = Remembered::default();
+    let mut previous: Option<i64> = None;
+    for IdV2(id, index, counted, code) in v2.ids {
+        // In bucket order, each id once: the one order encoding writes.
+        if previous.is_some_and(|p| p > index) || ids.get(&id).is_some() {
+            return Err(DecodeError::invalid(
+                "remembered ids out of order or repeated",
+            ));
+        }
+        let status = IdStatus::from_code(code)
+            .ok_or_else(|| DecodeError::invalid("remembered id status"))?;
+        ids.put(
+            &id,
+            Entry {
+                index,
+                counted,
+                status,
+            },
+        );
+        previous = Some(index);
+    }
+    let w = v2.window.with_extras(config, ids);
+    w.validate().map_err(DecodeError::invalid)?;
+    Ok(w)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::core::window::WindowParams;
+
+    /// The version 1 bytes of a window (its serialized fields alone).
+    fn encode_v1(w: &Window) -> Vec<u8> {
+        options().serialize(w).unwrap()
+    }
+
+    const V1_GOLDEN: [u8; 23] = [
+        0xfb, 0xd0, 0x07, 0x14, 0xfb, 0xd0, 0x07, 0xfb, 0xde, 0x2e, 0x03, 0xfb, 0xe8, 0x03, 0x0c,
+        0xfb, 0x06, 0x04, 0x06, 0xfb, 0xae, 0x04, 0x06,
+    ];
+
+    /// A configured window holding two remembered ids (one pending, one settled).
+    fn sample_v2() -> Window {
+        use crate::core::window::{WindowConfig, WindowEffect};
+        let mut w = sample();
+        let cfg = WindowConfig::parse(100, 1000, Some(10)).unwrap();
+        w.apply(6_000, &WindowEffect::Configure(cfg)).unwrap();
+        for (id, cost) in [(&b"a"[..], 5), (b"b", 7)] {
+            w.apply(
+                6_001,
+                &WindowEffect::Count {
+                    window_ms: 1000,
+                    precision_ms: 10,
+                    cost,
+                    id: Some(id.into()),
+                },
+            )
+            .unwrap();
+        }
+        w.apply(
+            6_002,
+            &WindowEffect::Settle {
+                id: b"b"[..].into(),
+                actual: 3,
+            },
+        )
+        .unwrap();
+        w
+    }
+
+    #[test]
+    fn version_2_round_trips_and_its_bytes_are_frozen() {
+        let w = sample_v2();
+        let bytes = encode_window(&w);
+        let back = decode_window(2, &bytes).unwrap();
+        assert_eq!(back, w);
+        assert_eq!(back.remembered().len(), 2);
+        // After the v1 fields: Some((100, 1000, 10)), then 2 ids (bytes, index 600, counted,
+        // status): ("a", 600, 5, pending), ("b", 600, 3, settled).
+        let tail: &[u8] = &[
+            0x01, 0xc8, 0xfb, 0xd0, 0x07, 0x14, 0x02, 0x01, 0x61, 0xfb, 0xb0, 0x04, 0x0a, 0x00,
+            0x01, 0x62, 0xfb, 0xb0, 0x04, 0x06, 0x01,
+        ];
+        assert!(bytes.ends_with(tail), "{bytes:02x?}");
+        for cut in 0..bytes.len() {
+            assert!(
+                decode_window(2, &bytes[..cut]).is_err(),
+                "truncated at {cut}"
+            );
+        }
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[i] ^= 1 << bit;
+                if let Ok(v) = decode_window(2, &b) {
+                    v.validate().unwrap();
+                }
+            }
+        }
+    }
 
     fn sample() -> Window {
         let p = WindowParams::parse(100, 1000, Some(3), Some(10)).unwrap();
@@ -57,6 +191,7 @@ mod tests {
         let w = sample();
         let bytes = encode_window(&w);
         let back = decode_window(WINDOW_ENCVER, &bytes).unwrap();
+        assert_eq!(bytes[..23], V1_GOLDEN[..], "v2 starts with the v1 fields");
         assert_eq!(back, w);
         assert_eq!(encode_window(&back), bytes);
     }
@@ -64,7 +199,8 @@ mod tests {
     /// Pins the version 1 wire format: a change here orphans saved RDBs and AOFs.
     #[test]
     fn version_1_bytes_are_frozen() {
-        let bytes = encode_window(&sample());
+        let bytes = encode_v1(&sample());
+        assert_eq!(decode_window(1, &bytes).unwrap(), sample());
         // bincode DefaultOptions: zigzag varints for i64 (0xfb = u16 follows), plain varint
         // lengths. window_ms 1000, precision_ms 10, horizon_ms 1000, last_ms 5999, then 3
         // buckets (index, count): (500, 6) (515, 3) (599, 3).
@@ -90,7 +226,7 @@ mod tests {
             "inconsistent payload: corrupt window value: bucket index span"
         );
         assert_eq!(
-            decode_window(1, &encode_window(&sample())[..5])
+            decode_window(1, &encode_v1(&sample())[..5])
                 .unwrap_err()
                 .to_string(),
             "malformed payload: the payload ends early"
@@ -99,7 +235,7 @@ mod tests {
 
     #[test]
     fn corrupt_payloads_are_refused_not_panicking() {
-        let bytes = encode_window(&sample());
+        let bytes = encode_v1(&sample());
         for cut in 0..bytes.len() {
             assert!(
                 decode_window(1, &bytes[..cut]).is_err(),
@@ -120,8 +256,8 @@ mod tests {
         longer.push(0);
         assert!(decode_window(1, &longer).is_err(), "trailing bytes");
         assert_eq!(
-            decode_window(2, &bytes).unwrap_err(),
-            DecodeError::UnknownVersion(2)
+            decode_window(3, &bytes).unwrap_err(),
+            DecodeError::UnknownVersion(3)
         );
         // A huge bucket count must not allocate it.
         let mut huge = bytes[..11].to_vec();

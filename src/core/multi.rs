@@ -1,0 +1,382 @@
+//! Multi-limit admission (issue 19), pure: one request planned against several limits at once
+//! — budgets ([`Budget`]) and configured window keys ([`Window`]) — all or nothing. The shell
+//! (`src/shell/multi_cmds.rs`) opens the keys, calls these, applies the effects and replies.
+//!
+//! Each key is planned with its own single-key rules ([`Budget::plan_reserve`],
+//! [`Window::plan_id_reserve`], ...) at its own time: a budget at `Budget::now(wall)`, a window
+//! at `wall` (moved up to its last time by the window itself). Nothing here changes a key; a
+//! plan is a list of effects per key, applied only when every key has agreed:
+//!
+//! - **MRESERVE** grants iff every key grants. A key's error is the command's error. A denial
+//!   reports the first key that denied and its retry time. With a client id, every key that
+//!   knows the id as pending with the same amount answers a retry; a retry is granted again
+//!   (the same id, nothing more taken) only if every listed key does; keys that know it and
+//!   keys that do not is `CONFLICT` (a retry must name the same keys and amounts, in any order).
+//!   A subset of the original keys cannot be told from a retry and is answered as one.
+//! - **MSETTLE / MROLLBACK / MEXTEND**: every key's plan must succeed (an id a listed budget
+//!   does not know is `NORESERVATION`), else nothing changes anywhere. A window key that no
+//!   longer remembers the id (its bucket left the window) is `skipped`, not an error.
+
+use crate::core::book::Id;
+use crate::core::error::LedgerError;
+use crate::core::id::StreamId;
+use crate::core::ledger::{Budget, Effects, Policy, ReserveReply, RollbackStatus, SettleStatus};
+use crate::core::window::{IdPlan, Window, WindowEffect, NOT_CONFIGURED};
+
+/// One key of a multi-key command, as stored.
+#[derive(Clone, Copy)]
+pub enum Limit<'a> {
+    Budget(&'a Budget),
+    Window(&'a Window),
+}
+
+/// The effects planned for one key, in key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyEffects {
+    /// A budget's effects, at the budget's time `now`.
+    Budget { now: i64, effects: Effects },
+    /// A window's effects, at the command's time.
+    Window(Vec<WindowEffect>),
+}
+
+impl KeyEffects {
+    /// True if the key changes.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            KeyEffects::Budget { effects, .. } => effects.is_empty(),
+            KeyEffects::Window(effects) => effects.is_empty(),
+        }
+    }
+}
+
+/// What MRESERVE decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MReserve {
+    /// Every key grants: the id and the effects per key.
+    Granted { id: Id, effects: Vec<KeyEffects> },
+    /// Every key knows the id as pending with the same amount: nothing more is taken.
+    Retried { id: Id },
+    /// `index`: the first key that denied; `retry_after_ms` its (a window's exact retry, a
+    /// budget's period end or -1).
+    Denied { index: usize, retry_after_ms: i64 },
+}
+
+/// The status of one key in MSETTLE / MROLLBACK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyStatus {
+    /// A budget's pending reservation settled.
+    Settled,
+    /// A budget's expired reservation settled (late).
+    Late,
+    /// A window's count corrected to the actual.
+    Corrected,
+    /// Rolled back (a budget's reservation released, or a window's count given back).
+    RolledBack,
+    /// Already settled with this actual, or already rolled back: nothing changes.
+    Duplicate,
+    /// A budget's reservation had expired: nothing to roll back.
+    Expired,
+    /// A window key no longer remembers the id (its bucket left the window): nothing changes.
+    Skipped,
+}
+
+impl KeyStatus {
+    /// The status word of the reply.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyStatus::Settled => "settled",
+            KeyStatus::Late => "late",
+            KeyStatus::Corrected => "corrected",
+            KeyStatus::RolledBack => "rolledback",
+            KeyStatus::Duplicate => "duplicate",
+            KeyStatus::Expired => "expired",
+            KeyStatus::Skipped => "skipped",
+        }
+    }
+}
+
+/// One key's part of an MSETTLE or MROLLBACK: status, amount (charged or released), effects.
+pub type KeyOutcome = (KeyStatus, i64, KeyEffects);
+
+/// The value a reply shows for a key at `wall`: a budget's available, a window's remaining
+/// under its configuration (-1 without one).
+pub fn value(limit: Limit<'_>, wall: i64) -> i64 {
+    match limit {
+        Limit::Budget(b) => b.view(b.now(wall)).available,
+        Limit::Window(w) => match w.config() {
+            Some(c) => w.check(&c.params(0), wall).map_or(-1, |d| d.remaining),
+            None => -1,
+        },
+    }
+}
+
+/// A fresh id for a multi-key reservation at `wall`: stream-style `<ms>-<seq>`, at least the
+/// largest of the listed budgets' next ids (so above every stream-style id each has seen), and
+/// known to none of the keys (probing at most 1024 ids).
+///
+/// # Errors
+///
+/// A budget's id generator is exhausted, or 1024 ids in a row are taken.
+pub fn fresh_id(limits: &[Limit<'_>], wall: i64) -> Result<Id, LedgerError> {
+    let mut best: Option<StreamId> = None;
+    for limit in limits {
+        if let Limit::Budget(b) = limit {
+            let id = b.next_id(b.now(wall))?;
+            best = best.max(StreamId::parse(&id));
+        }
+    }
+    let mut candidate = best.unwrap_or(StreamId {
+        ms: u64::try_from(wall).unwrap_or(0),
+        seq: 0,
+    });
+    for _ in 0..1024 {
+        let id = candidate.to_bytes();
+        let taken = limits.iter().any(|l| match l {
+            Limit::Budget(b) => b.book().get(&id).is_some(),
+            Limit::Window(w) => w.remembered().get(&id).is_some(),
+        });
+        if !taken {
+            return Ok(id);
+        }
+        candidate = candidate
+            .next(wall)
+            .ok_or(LedgerError::Invalid("could not generate a fresh id"))?;
+    }
+    Err(LedgerError::Invalid("could not generate a fresh id"))
+}
+
+fn window_config(w: &Window) -> Result<crate::core::window::WindowConfig, LedgerError> {
+    w.config()
+        .copied()
+        .ok_or(LedgerError::Invalid(NOT_CONFIGURED))
+}
+
+/// QUOTA.MRESERVE: `amounts[i]` on `limits[i]` under `id` (generated if `None`), budgets
+/// with `ttl_ms` (their default if `None`), windows remembering at most `policy.max_pending`
+/// ids.
+///
+/// # Errors
+///
+/// `amounts` not one per key, or negative; a key's error (`TOOLARGE`, `LIMIT`, `CONFLICT`, an
+/// overflow, a window without configuration); `CONFLICT` when some keys know the id and others
+/// do not.
+pub fn plan_mreserve(
+    limits: &[Limit<'_>],
+    amounts: &[i64],
+    id: Option<&[u8]>,
+    ttl_ms: Option<i64>,
+    wall: i64,
+    policy: &Policy,
+) -> Result<MReserve, LedgerError> {
+    if amounts.len() != limits.len() || limits.is_empty() {
+        return Err(LedgerError::Invalid("one amount per key"));
+    }
+    let id: Id = match id {
+        Some(id) => Id::from_slice(id),
+        None => fresh_id(limits, wall)?,
+    };
+    let mut planned = Vec::with_capacity(limits.len());
+    let (mut retried, mut fresh) = (0usize, 0usize);
+    let mut denied: Option<(usize, i64)> = None;
+    for (i, (limit, &amount)) in limits.iter().zip(amounts).enumerate() {
+        match limit {
+            Limit::Budget(b) => {
+                let now = b.now(wall);
+                let plan = b.plan_reserve(now, policy, amount, Some(&id), ttl_ms)?;
+                match plan.reply {
+                    ReserveReply::Retried { .. } => retried = retried.saturating_add(1),
+                    ReserveReply::Granted { .. } => fresh = fresh.saturating_add(1),
+                    ReserveReply::Denied => {
+                        fresh = fresh.saturating_add(1);
+                        denied = denied.or(Some((i, b.retry_after(now, amount))));
+                    }
+                }
+                planned.push(KeyEffects::Budget {
+                    now,
+                    effects: plan.effects,
+                });
+            }
+            Limit::Window(w) => {
+                let cfg = window_config(w)?;
+                let effects = match w.plan_id_reserve(wall, &id, amount, policy.max_pending)? {
+                    IdPlan::Retried => {
+                        retried = retried.saturating_add(1);
+                        vec![]
+                    }
+                    IdPlan::Denied(d) => {
+                        fresh = fresh.saturating_add(1);
+                        denied = denied.or(Some((i, d.retry_after_ms)));
+                        vec![]
+                    }
+                    _ => {
+                        fresh = fresh.saturating_add(1);
+                        vec![WindowEffect::Count {
+                            window_ms: cfg.window_ms,
+                            precision_ms: cfg.precision_ms,
+                            cost: amount,
+                            id: Some(id.clone()),
+                        }]
+                    }
+                };
+                planned.push(KeyEffects::Window(effects));
+            }
+        }
+    }
+    if retried > 0 && fresh > 0 {
+        return Err(LedgerError::Conflict {
+            id: id.to_vec(),
+            state: "pending",
+            why: "a retry must name the same keys and amounts",
+        });
+    }
+    Ok(match denied {
+        _ if retried > 0 => MReserve::Retried { id },
+        Some((index, retry_after_ms)) => MReserve::Denied {
+            index,
+            retry_after_ms,
+        },
+        None => MReserve::Granted {
+            id,
+            effects: planned,
+        },
+    })
+}
+
+/// QUOTA.MSETTLE: `actuals[i]` on `limits[i]` for `id`. One outcome per key: budgets as
+/// QUOTA.SETTLE (charged = the actual), windows `corrected`, `duplicate` or `skipped` (the
+/// actual).
+///
+/// # Errors
+///
+/// `actuals` not one per key, or negative; any key's error (`NORESERVATION`, `CONFLICT`, an
+/// overflow, a window without configuration).
+pub fn plan_msettle(
+    limits: &[Limit<'_>],
+    id: &[u8],
+    actuals: &[i64],
+    wall: i64,
+    policy: &Policy,
+) -> Result<Vec<KeyOutcome>, LedgerError> {
+    if actuals.len() != limits.len() || limits.is_empty() {
+        return Err(LedgerError::Invalid("one actual per key"));
+    }
+    let mut out = Vec::with_capacity(limits.len());
+    for (limit, &actual) in limits.iter().zip(actuals) {
+        out.push(match limit {
+            Limit::Budget(b) => {
+                let now = b.now(wall);
+                let plan = b.plan_settle(now, policy, id, actual)?;
+                let status = match plan.reply.0 {
+                    SettleStatus::Settled => KeyStatus::Settled,
+                    SettleStatus::Late => KeyStatus::Late,
+                    SettleStatus::Duplicate => KeyStatus::Duplicate,
+                };
+                let effects = KeyEffects::Budget {
+                    now,
+                    effects: plan.effects,
+                };
+                (status, plan.reply.1, effects)
+            }
+            Limit::Window(w) => {
+                window_config(w)?;
+                let (status, effects) = match w.plan_id_settle(wall, id, actual)? {
+                    IdPlan::Corrected { .. } => (
+                        KeyStatus::Corrected,
+                        vec![WindowEffect::Settle {
+                            id: Id::from_slice(id),
+                            actual,
+                        }],
+                    ),
+                    IdPlan::Duplicate => (KeyStatus::Duplicate, vec![]),
+                    _ => (KeyStatus::Skipped, vec![]),
+                };
+                (status, actual, KeyEffects::Window(effects))
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// QUOTA.MROLLBACK: releases `id` on every key. One outcome per key: budgets as
+/// QUOTA.ROLLBACK, windows `rolledback` (what it counted, given back), `duplicate` or
+/// `skipped`.
+///
+/// # Errors
+///
+/// Any key's error (`NORESERVATION`, `CONFLICT`, a window without configuration).
+pub fn plan_mrollback(
+    limits: &[Limit<'_>],
+    id: &[u8],
+    wall: i64,
+    policy: &Policy,
+) -> Result<Vec<KeyOutcome>, LedgerError> {
+    let mut out = Vec::with_capacity(limits.len());
+    for limit in limits {
+        out.push(match limit {
+            Limit::Budget(b) => {
+                let now = b.now(wall);
+                let plan = b.plan_rollback(now, policy, id)?;
+                let status = match plan.reply.0 {
+                    RollbackStatus::RolledBack => KeyStatus::RolledBack,
+                    RollbackStatus::Duplicate => KeyStatus::Duplicate,
+                    RollbackStatus::Expired => KeyStatus::Expired,
+                };
+                let effects = KeyEffects::Budget {
+                    now,
+                    effects: plan.effects,
+                };
+                (status, plan.reply.1, effects)
+            }
+            Limit::Window(w) => {
+                window_config(w)?;
+                let (status, released, effects) = match w.plan_id_rollback(wall, id)? {
+                    IdPlan::RolledBack { released } => (
+                        KeyStatus::RolledBack,
+                        released,
+                        vec![WindowEffect::Rollback {
+                            id: Id::from_slice(id),
+                        }],
+                    ),
+                    IdPlan::Duplicate => (KeyStatus::Duplicate, 0, vec![]),
+                    _ => (KeyStatus::Skipped, 0, vec![]),
+                };
+                (status, released, KeyEffects::Window(effects))
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// QUOTA.MEXTEND: every budget's pending reservation `id` now expires at its `now + ttl_ms`;
+/// window keys have nothing to extend (no effects).
+///
+/// # Errors
+///
+/// Any budget's error (`NORESERVATION`, `CONFLICT`, a bad TTL); a window without
+/// configuration.
+pub fn plan_mextend(
+    limits: &[Limit<'_>],
+    id: &[u8],
+    ttl_ms: i64,
+    wall: i64,
+    policy: &Policy,
+) -> Result<Vec<KeyEffects>, LedgerError> {
+    let mut out = Vec::with_capacity(limits.len());
+    for limit in limits {
+        out.push(match limit {
+            Limit::Budget(b) => {
+                let now = b.now(wall);
+                let plan = b.plan_extend(now, policy, id, ttl_ms)?;
+                KeyEffects::Budget {
+                    now,
+                    effects: plan.effects,
+                }
+            }
+            Limit::Window(w) => {
+                window_config(w)?;
+                KeyEffects::Window(vec![])
+            }
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,406 @@
+//! Multi-limit admission (issue 19): `QUOTA.MRESERVE`, `QUOTA.MSETTLE`, `QUOTA.MROLLBACK`,
+//! `QUOTA.MEXTEND` over up to [`MAX_KEYS`] keys, each a budget or a configured window key.
+//! See docs/commands.md for each reply; the decisions are [`crate::core::multi`]'s.
+//!
+//! Every command opens all its keys once, writable, and plans on all of them before changing
+//! anything. An error or a denial on any key changes nothing anywhere: every key is declared
+//! unchanged, so nothing is written, signalled, published or replicated. Otherwise each key's
+//! effects are applied in key order and replicated as that key's `QUOTA.APPLY` (budgets) or
+//! `QUOTA.WAPPLY` (windows), which Redis wraps in one MULTI/EXEC: replicas and the AOF apply
+//! them together, with the master's time and id.
+//!
+//! A key deleted between reserve and settle is an error (`NOQUOTA`; nothing changes: settle the
+//! other keys with a shorter list); a budget replaced by a new one does not know the id
+//! (`NORESERVATION`); a window key replaced by a new one does not remember it (`skipped`).
+
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::core::ledger::Budget;
+use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
+use crate::core::window::Window;
+use crate::shell::apply::apply_and_propagate;
+use crate::shell::args::{check_id, syntax_error, Args};
+use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
+use crate::shell::budget_type::BUDGET_TYPE;
+use crate::shell::key::ModuleKey;
+use crate::shell::reply::error_reply;
+use crate::shell::usage;
+use crate::shell::window_cmds::no_window_config;
+use crate::shell::window_type::WINDOW_TYPE;
+use crate::shell::{clock, config, key_specs, stats, window_effects};
+
+/// Most keys one multi-key command names (`numkeys`).
+pub const MAX_KEYS: usize = 16;
+
+/// What a key holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Budget,
+    /// A window key with a stored configuration.
+    Window,
+}
+
+/// One key of the command, open for writing.
+struct Opened<'a> {
+    name: &'a RedisString,
+    key: ModuleKey<'a>,
+    kind: Kind,
+}
+
+/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice.
+fn parse_keys<'a>(a: &mut Args<'a>) -> Result<Vec<&'a RedisString>, RedisError> {
+    let n = a.next_i64()?;
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_KEYS).contains(n))
+        .ok_or(RedisError::Str("ERR numkeys must be between 1 and 16"))?;
+    let mut keys: Vec<&RedisString> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let k = a.next_string()?;
+        if keys.iter().any(|seen| seen.as_slice() == k.as_slice()) {
+            return Err(RedisError::String(format!(
+                "ERR key '{}' is listed twice",
+                crate::core::error::printable_id(k.as_slice())
+            )));
+        }
+        keys.push(k);
+    }
+    Ok(keys)
+}
+
+/// Parses an optional trailing `AT ms` (test clock).
+fn parse_at_only(a: &mut Args) -> Result<Option<i64>, RedisError> {
+    let mut at = None;
+    while !a.is_empty() {
+        let t = a.next_bytes()?;
+        if t.eq_ignore_ascii_case(b"AT") {
+            at = Some(a.next_i64()?);
+        } else {
+            return Err(syntax_error(t));
+        }
+    }
+    Ok(at)
+}
+
+/// Opens every key writable and tells its kind. Errors (and declares every key unchanged) on
+/// an empty key (`NOQUOTA`), a window key without a configuration (`NOQUOTA`), another type
+/// (`WRONGTYPE`).
+fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<Vec<Opened<'a>>, RedisError> {
+    let mut opened: Vec<Opened<'a>> = Vec::with_capacity(names.len());
+    for &name in names {
+        let key = match ModuleKey::open_writable(ctx, name) {
+            Ok(k) => k,
+            Err(e) => return Err(abort(&mut opened, e)),
+        };
+        let kind = match key.value::<Budget>(&BUDGET_TYPE) {
+            Ok(Some(_)) => Ok(Kind::Budget),
+            Ok(None) => Err(RedisError::Str(
+                "NOQUOTA no budget or window at a listed key (create it with QUOTA.SET)",
+            )),
+            Err(_) => match key.value::<Window>(&WINDOW_TYPE) {
+                Ok(Some(w)) if w.config().is_some() => Ok(Kind::Window),
+                Ok(_) => Err(no_window_config()),
+                Err(_) => Err(RedisError::WrongType),
+            },
+        };
+        match kind {
+            Ok(kind) => opened.push(Opened { name, key, kind }),
+            Err(e) => {
+                let mut key = key;
+                key.unchanged();
+                return Err(abort(&mut opened, e));
+            }
+        }
+    }
+    Ok(opened)
+}
+
+/// Declares every key unchanged and returns `e`: nothing was written anywhere.
+fn abort(opened: &mut [Opened], e: RedisError) -> RedisError {
+    unchanged_all(opened);
+    e
+}
+
+/// Declares every key unchanged (a denial, a retry: nothing is written).
+fn unchanged_all(opened: &mut [Opened]) {
+    for o in opened.iter_mut() {
+        o.key.unchanged();
+    }
+}
+
+/// The stored values of the keys, for planning.
+fn limits<'k>(opened: &'k [Opened]) -> Result<Vec<Limit<'k>>, RedisError> {
+    opened
+        .iter()
+        .map(|o| match o.kind {
+            Kind::Budget => Ok(Limit::Budget(
+                o.key.value::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)?,
+            )),
+            Kind::Window => Ok(Limit::Window(
+                o.key
+                    .value::<Window>(&WINDOW_TYPE)?
+                    .ok_or_else(no_window_config)?,
+            )),
+        })
+        .collect()
+}
+
+/// Each key's value now (a budget's available, a window's remaining).
+fn values_now(opened: &[Opened], wall: i64) -> Result<Vec<i64>, RedisError> {
+    Ok(limits(opened)?
+        .into_iter()
+        .map(|l| multi::value(l, wall))
+        .collect())
+}
+
+/// Plans with `plan` on the keys' stored values; on an error declares every key unchanged.
+fn plan_on<T>(
+    opened: &mut [Opened],
+    plan: impl FnOnce(&[Limit]) -> Result<T, RedisError>,
+) -> Result<T, RedisError> {
+    let planned = limits(opened).and_then(|l| plan(&l));
+    planned.map_err(|e| abort(opened, e))
+}
+
+/// Applies every key's planned effects (keys with none are declared unchanged) and returns the
+/// value of each key afterwards. The plans were made on these very values, so an effect that
+/// does not apply is a bug; it is reported as the error, what was applied before it stays (and
+/// is replicated), as for `QUOTA.APPLY`.
+fn apply_all(
+    ctx: &Context,
+    opened: &mut [Opened],
+    planned: &[KeyEffects],
+    wall: i64,
+) -> Result<Vec<i64>, RedisError> {
+    // A budget whose usage stream key holds another type refuses the whole command before any
+    // key changes (a ledger change must not go unlogged, nor one key change without the others).
+    let mut refused = None;
+    for (o, p) in opened.iter().zip(planned) {
+        if let KeyEffects::Budget { effects, .. } = p {
+            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
+                if usage::may_log(b, effects) {
+                    if let Err(e) = usage::check_stream(ctx, b, effects) {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(e) = refused {
+        return Err(abort(opened, e));
+    }
+    let mut failed = None;
+    for (o, p) in opened.iter_mut().zip(planned) {
+        if failed.is_some() || p.is_empty() {
+            o.key.unchanged();
+            continue;
+        }
+        let applied = match p {
+            KeyEffects::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
+                Ok(Some(b)) => apply_and_propagate(ctx, o.name, b, *now, effects).map(|_| ()),
+                Ok(None) => Err(noquota()),
+                Err(e) => Err(e),
+            },
+            KeyEffects::Window(effects) => {
+                window_effects::apply_and_propagate(ctx, &mut o.key, o.name, wall, effects)
+            }
+        };
+        if let Err(e) = applied {
+            failed = Some(e);
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => values_now(opened, wall),
+    }
+}
+
+/// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [AT ms]`
+/// → `[granted, id|nil, denied_index, retry_after_ms, [value per key]]`.
+pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
+    let mut a = Args::new(args, 3)?;
+    let names = parse_keys(&mut a)?;
+    let mut amounts = Vec::with_capacity(names.len());
+    for _ in &names {
+        amounts.push(a.next_amount("amount")?);
+    }
+    let (mut id, mut ttl, mut at) = (None, None, None);
+    while !a.is_empty() {
+        let t = a.next_bytes()?;
+        if t.eq_ignore_ascii_case(b"ID") {
+            let v = a.next_bytes()?;
+            check_id_arg(v)?;
+            id = Some(v);
+        } else if t.eq_ignore_ascii_case(b"TTL") {
+            ttl = Some(a.next_positive("TTL")?);
+        } else if t.eq_ignore_ascii_case(b"AT") {
+            at = Some(a.next_i64()?);
+        } else {
+            return Err(syntax_error(t));
+        }
+    }
+    let wall = clock::command_ms(at)?;
+    let policy = config::policy();
+    let max_id = config::max_id_length();
+    let mut opened = open_all(ctx, &names)?;
+    let outcome = plan_on(&mut opened, |limits| {
+        for l in limits {
+            if let Limit::Budget(b) = l {
+                check_new_id(b, id, max_id)?;
+            }
+        }
+        multi::plan_mreserve(limits, &amounts, id, ttl, wall, &policy).map_err(error_reply)
+    })?;
+    match outcome {
+        MReserve::Retried { id } => {
+            unchanged_all(&mut opened);
+            stats::bump(&stats::MRESERVE_GRANTED);
+            Ok(reserve_reply(Some(&id), -1, 0, values_now(&opened, wall)?))
+        }
+        MReserve::Denied {
+            index,
+            retry_after_ms,
+        } => {
+            unchanged_all(&mut opened);
+            stats::bump(&stats::MRESERVE_DENIED);
+            let index = i64::try_from(index).unwrap_or(-1);
+            Ok(reserve_reply(
+                None,
+                index,
+                retry_after_ms,
+                values_now(&opened, wall)?,
+            ))
+        }
+        MReserve::Granted { id, effects } => {
+            let values = apply_all(ctx, &mut opened, &effects, wall)?;
+            stats::bump(&stats::MRESERVE_GRANTED);
+            Ok(reserve_reply(Some(&id), -1, 0, values))
+        }
+    }
+}
+
+fn reserve_reply(id: Option<&[u8]>, denied: i64, retry: i64, values: Vec<i64>) -> RedisValue {
+    RedisValue::Array(vec![
+        RedisValue::Integer(i64::from(id.is_some())),
+        match id {
+            Some(id) => RedisValue::StringBuffer(id.to_vec()),
+            None => RedisValue::Null,
+        },
+        RedisValue::Integer(denied),
+        RedisValue::Integer(retry),
+        RedisValue::Array(values.into_iter().map(RedisValue::Integer).collect()),
+    ])
+}
+
+/// Applies the outcomes' effects and replies one `[status, amount, value]` per key.
+fn apply_outcomes(
+    ctx: &Context,
+    opened: &mut [Opened],
+    outcomes: Vec<KeyOutcome>,
+    wall: i64,
+) -> RedisResult {
+    let (rows, effects): (Vec<(KeyStatus, i64)>, Vec<KeyEffects>) =
+        outcomes.into_iter().map(|(s, n, e)| ((s, n), e)).unzip();
+    let values = apply_all(ctx, opened, &effects, wall)?;
+    for (status, _) in &rows {
+        match status {
+            KeyStatus::Settled | KeyStatus::Corrected => stats::bump(&stats::MSETTLED),
+            KeyStatus::Late => stats::bump(&stats::MSETTLED_LATE),
+            KeyStatus::RolledBack => stats::bump(&stats::MROLLED_BACK),
+            _ => {}
+        }
+    }
+    Ok(RedisValue::Array(
+        rows.iter()
+            .zip(values)
+            .map(|((s, n), v)| {
+                RedisValue::Array(vec![
+                    RedisValue::SimpleStringStatic(s.name()),
+                    RedisValue::Integer(*n),
+                    RedisValue::Integer(v),
+                ])
+            })
+            .collect(),
+    ))
+}
+
+/// `QUOTA.MSETTLE numkeys key [key ...] id actual [actual ...] [AT ms]`
+/// → one `[status, charged, value]` per key.
+pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
+    let mut a = Args::new(args, 4)?;
+    let names = parse_keys(&mut a)?;
+    let id = a.next_bytes()?;
+    check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
+    let mut actuals = Vec::with_capacity(names.len());
+    for _ in &names {
+        actuals.push(a.next_amount("actual")?);
+    }
+    let at = parse_at_only(&mut a)?;
+    let wall = clock::command_ms(at)?;
+    let policy = config::policy();
+    let mut opened = open_all(ctx, &names)?;
+    let outcomes = plan_on(&mut opened, |limits| {
+        multi::plan_msettle(limits, id, &actuals, wall, &policy).map_err(error_reply)
+    })?;
+    apply_outcomes(ctx, &mut opened, outcomes, wall)
+}
+
+/// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
+pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
+    let mut a = Args::new(args, 3)?;
+    let names = parse_keys(&mut a)?;
+    let id = a.next_bytes()?;
+    check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
+    let at = parse_at_only(&mut a)?;
+    let wall = clock::command_ms(at)?;
+    let policy = config::policy();
+    let mut opened = open_all(ctx, &names)?;
+    let outcomes = plan_on(&mut opened, |limits| {
+        multi::plan_mrollback(limits, id, wall, &policy).map_err(error_reply)
+    })?;
+    apply_outcomes(ctx, &mut opened, outcomes, wall)
+}
+
+/// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
+/// `ttl_ms` (as QUOTA.EXTEND's), nil for a window key (nothing to extend).
+pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+        return Ok(RedisValue::NoReply);
+    }
+    let mut a = Args::new(args, 4)?;
+    let names = parse_keys(&mut a)?;
+    let id = a.next_bytes()?;
+    check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
+    let ttl = a.next_i64()?;
+    if ttl <= 0 {
+        return Err(RedisError::Str("ERR ttl_ms must be positive"));
+    }
+    let at = parse_at_only(&mut a)?;
+    let wall = clock::command_ms(at)?;
+    let policy = config::policy();
+    let mut opened = open_all(ctx, &names)?;
+    let effects = plan_on(&mut opened, |limits| {
+        multi::plan_mextend(limits, id, ttl, wall, &policy).map_err(error_reply)
+    })?;
+    apply_all(ctx, &mut opened, &effects, wall)?;
+    stats::bump(&stats::MEXTENDED);
+    Ok(RedisValue::Array(
+        opened
+            .iter()
+            .map(|o| match o.kind {
+                Kind::Budget => RedisValue::Integer(ttl),
+                Kind::Window => RedisValue::Null,
+            })
+            .collect(),
+    ))
+}
