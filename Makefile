@@ -49,9 +49,14 @@ test: build
 	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test --workspace -- --test-threads=2
 	$(MAKE) --no-print-directory pytest
 
-## demo: replay the Azure LLM inference trace through the module (see README).
+## demo: replay the Azure LLM inference trace through the module in the trace's own time, sped
+## up SPEED times (default 60: about a minute); writes the SVG report to REPORT (see
+## examples/README.md; REPORT=docs/img/demo-report.svg refreshes the README's picture).
+SPEED  ?= 60
+REPORT ?= $(CURDIR)/target/demo-report.svg
 demo: release
-	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) $(CARGO) run --release --example replay
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) SPEED=$(SPEED) REPORT=$(REPORT) \
+	  $(CARGO) run --release --example replay
 
 ## bench: the module against the Lua scripts it replaces (speed, memory, sweeper); writes
 ## docs/benchmarks.md. QUICK=1 for a short run (under a minute, plus the first build; printed only, BENCH_OUT=path to write it).

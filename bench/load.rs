@@ -29,6 +29,8 @@ pub struct Scripts {
     pub rollback: String,
     pub window: String,
     pub daily: String,
+    pub mreserve: String,
+    pub msettle: String,
 }
 
 pub const RESERVE_LUA: &str = include_str!("lua/reserve.lua");
@@ -36,6 +38,8 @@ pub const SETTLE_LUA: &str = include_str!("lua/settle.lua");
 pub const ROLLBACK_LUA: &str = include_str!("lua/rollback.lua");
 pub const WINDOW_LUA: &str = include_str!("lua/window.lua");
 pub const DAILY_LUA: &str = include_str!("lua/daily.lua");
+pub const MRESERVE_LUA: &str = include_str!("lua/mreserve.lua");
+pub const MSETTLE_LUA: &str = include_str!("lua/msettle.lua");
 
 impl Scripts {
     pub fn load(con: &mut Connection) -> Result<Scripts> {
@@ -48,6 +52,8 @@ impl Scripts {
             rollback: load(ROLLBACK_LUA)?,
             window: load(WINDOW_LUA)?,
             daily: load(DAILY_LUA)?,
+            mreserve: load(MRESERVE_LUA)?,
+            msettle: load(MSETTLE_LUA)?,
         })
     }
 }
@@ -70,10 +76,15 @@ pub enum Kind {
     Rollback,
     Charge,
     Window,
+    /// The multi-limit workloads (issue 19): one request against [`MULTI_KEYS`] limits.
+    LuaMReserve,
+    LuaMCycle,
+    MReserve,
+    MCycle,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Incr,
         Kind::Hincrby,
         Kind::Floor,
@@ -88,7 +99,16 @@ impl Kind {
         Kind::Rollback,
         Kind::Charge,
         Kind::Window,
+        Kind::LuaMReserve,
+        Kind::LuaMCycle,
+        Kind::MReserve,
+        Kind::MCycle,
     ];
+
+    /// The workloads that need `QUOTA.MRESERVE` / `QUOTA.MSETTLE` in the module.
+    pub fn needs_multi(self) -> bool {
+        matches!(self, Kind::MReserve | Kind::MCycle)
+    }
 
     /// Measured again with the server on a CPU of its own: each module workload with a
     /// throughput figure worth comparing, next to its Lua twin.
@@ -117,6 +137,10 @@ impl Kind {
             Kind::Rollback => "QUOTA.ROLLBACK",
             Kind::Charge => "QUOTA.CHARGE (PERIOD DAY)",
             Kind::Window => "QUOTA.WINDOW",
+            Kind::LuaMReserve => "Lua mreserve (5 keys)",
+            Kind::LuaMCycle => "Lua mreserve+msettle (5 keys)",
+            Kind::MReserve => "QUOTA.MRESERVE (5 keys)",
+            Kind::MCycle => "QUOTA.MRESERVE+MSETTLE (5 keys)",
         }
     }
 
@@ -130,19 +154,25 @@ impl Kind {
             | Kind::LuaCycle
             | Kind::LuaRollback
             | Kind::LuaWindow
-            | Kind::LuaDaily => &["evalsha"],
+            | Kind::LuaDaily
+            | Kind::LuaMReserve
+            | Kind::LuaMCycle => &["evalsha"],
             Kind::Reserve => &["quota.reserve"],
             Kind::Cycle | Kind::CycleStream => &["quota.reserve", "quota.settle"],
             Kind::Rollback => &["quota.rollback"],
             Kind::Charge => &["quota.charge"],
             Kind::Window => &["quota.window"],
+            Kind::MReserve => &["quota.mreserve"],
+            Kind::MCycle => &["quota.mreserve", "quota.msettle"],
         }
     }
 
     /// What one operation is (a cycle is two calls).
     pub fn unit(self) -> &'static str {
         match self {
-            Kind::LuaCycle | Kind::Cycle | Kind::CycleStream => "cycle",
+            Kind::LuaCycle | Kind::Cycle | Kind::CycleStream | Kind::LuaMCycle | Kind::MCycle => {
+                "cycle"
+            }
             _ => "call",
         }
     }
@@ -151,6 +181,12 @@ impl Kind {
     fn needs_prefill(self) -> bool {
         matches!(self, Kind::LuaRollback | Kind::Rollback)
     }
+}
+
+/// Whether the server knows the command `name` (`COMMAND INFO` answers nil otherwise).
+pub fn has_command(con: &mut Connection, name: &str) -> Result<bool> {
+    let v: Value = redis::cmd("COMMAND").arg("INFO").arg(name).query(con)?;
+    Ok(matches!(v, Value::Array(a) if a.first().is_some_and(|x| *x != Value::Nil)))
 }
 
 /// Adds a pass of a workload to `list`, keeping the best of each figure.
@@ -242,6 +278,61 @@ fn detail_key(id: &str) -> String {
     format!("quota_reserve:{id}")
 }
 
+/// Limits of one request in the multi-limit workloads: 3 budgets (key, team, org), an RPM and
+/// a TPM window, all under the tenant's `{t<k>}` hash tag (one slot).
+pub const MULTI_KEYS: usize = 5;
+/// Budgets among them (the first three); the other two are windows.
+pub const MULTI_BUDGETS: usize = 3;
+/// What a request takes from each limit: its token estimate from the budgets and the TPM
+/// window, 1 from the RPM window.
+pub const MULTI_AMOUNTS: [i64; MULTI_KEYS] = [1000, 1000, 1000, 1, 1000];
+/// What it settles at: fewer tokens than estimated (room given back), still one request.
+pub const MULTI_ACTUALS: [i64; MULTI_KEYS] = [600, 600, 600, 1, 600];
+
+/// One tenant's keys in the multi-limit workloads, encoded once.
+pub struct MultiKeys {
+    /// `QUOTA.MRESERVE`'s keys: 3 budgets, RPM, TPM (configured window keys).
+    pub module: [Vec<u8>; MULTI_KEYS],
+    /// mreserve.lua's keys after the detail hash: 3 budget hashes, then per window its ZSET
+    /// and its {limit, window_ms, sum} hash.
+    pub lua: [Vec<u8>; MULTI_BUDGETS + 2 * (MULTI_KEYS - MULTI_BUDGETS)],
+    /// The detail hash's prefix (the id follows).
+    pub detail: String,
+}
+
+impl MultiKeys {
+    pub fn new(prefix: &str, k: usize) -> MultiKeys {
+        let key = |s: &str| format!("{prefix}:{{t{k}}}:{s}").into_bytes();
+        MultiKeys {
+            module: [key("b0"), key("b1"), key("b2"), key("rpm"), key("tpm")],
+            lua: [
+                key("lb0"),
+                key("lb1"),
+                key("lb2"),
+                key("lrpm"),
+                key("lrpm:cfg"),
+                key("ltpm"),
+                key("ltpm:cfg"),
+            ],
+            detail: format!("quota_reserve:{{t{k}}}:"),
+        }
+    }
+
+    /// The window keys (module) and window hashes (Lua).
+    fn windows(&self) -> [(&[u8], &[u8]); MULTI_KEYS - MULTI_BUDGETS] {
+        [
+            (&self.module[3], &self.lua[4]),
+            (&self.module[4], &self.lua[6]),
+        ]
+    }
+}
+
+/// The [`KEYS`] tenants' multi-limit keys of the load workloads.
+fn multi_keys() -> &'static [MultiKeys] {
+    static KEYS_: std::sync::OnceLock<Vec<MultiKeys>> = std::sync::OnceLock::new();
+    KEYS_.get_or_init(|| (0..KEYS).map(|k| MultiKeys::new("bench", k)).collect())
+}
+
 /// A client id of exactly 16 bytes, unique per (thread, sequence).
 fn client_id(thread: usize, n: u64) -> String {
     format!("r{thread:02}-{n:012}")
@@ -299,6 +390,51 @@ fn setup(con: &mut Connection, kind: Kind) -> Result<()> {
                     .arg("PERIOD")
                     .arg("DAY")
                     .ignore();
+            }
+            Kind::LuaMReserve | Kind::LuaMCycle => {
+                let m = &multi_keys()[k];
+                for b in &m.lua[..MULTI_BUDGETS] {
+                    p.cmd("HSET")
+                        .arg(b)
+                        .arg("total")
+                        .arg(BIG_LIMIT)
+                        .arg("used")
+                        .arg(0)
+                        .arg("reserved")
+                        .arg(0)
+                        .ignore();
+                }
+                for (_, cfg) in m.windows() {
+                    p.cmd("HSET")
+                        .arg(cfg)
+                        .arg("limit")
+                        .arg(WINDOW_LIMIT)
+                        .arg("window_ms")
+                        .arg(WINDOW_MS)
+                        .arg("sum")
+                        .arg(0)
+                        .ignore();
+                }
+            }
+            Kind::MReserve | Kind::MCycle => {
+                let m = &multi_keys()[k];
+                for b in &m.module[..MULTI_BUDGETS] {
+                    p.cmd("QUOTA.SET")
+                        .arg(b)
+                        .arg("LIMIT")
+                        .arg(BIG_LIMIT)
+                        .arg("TTL")
+                        .arg(3_600_000)
+                        .ignore();
+                }
+                for (w, _) in m.windows() {
+                    p.cmd("QUOTA.SET")
+                        .arg(w)
+                        .arg("WINDOW")
+                        .arg(WINDOW_LIMIT)
+                        .arg(WINDOW_MS)
+                        .ignore();
+                }
             }
             _ => {}
         }
@@ -691,6 +827,36 @@ fn batch(
                 }
             }
         }
+        Kind::LuaMReserve | Kind::MReserve => {
+            for _ in 0..depth {
+                queue_mreserve(p, scripts, kind == Kind::LuaMReserve, t, n);
+            }
+            for v in &p.send(con)? {
+                expect_first(v, 1)?;
+            }
+        }
+        Kind::LuaMCycle | Kind::MCycle => {
+            // As the single-key cycle below: this batch settles the previous one's.
+            let lua = kind == Kind::LuaMCycle;
+            let settles = carried.len();
+            for (k, id) in carried.iter() {
+                queue_msettle(p, scripts, lua, *k, id);
+            }
+            carried.clear();
+            let made: Vec<usize> = (0..depth)
+                .map(|_| queue_mreserve(p, scripts, lua, t, n).0)
+                .collect();
+            let replies = p.send(con)?;
+            let (settled, reserved) = replies.split_at(settles.min(replies.len()));
+            for v in settled {
+                expect_msettled(v)?;
+            }
+            for (k, v) in made.into_iter().zip(reserved) {
+                // The Lua reply carries the client id as the module's does the generated one.
+                carried.push((k, granted_id(v)?));
+            }
+            return Ok(Some(settles as u64));
+        }
         Kind::LuaCycle | Kind::Cycle | Kind::CycleStream => {
             // One round trip per batch: settle what the previous batch reserved (with the ids
             // its replies returned), then make `depth` new reservations, as a gateway's
@@ -783,6 +949,92 @@ fn queue_reserve(
         p.int(1);
     }
     (k, id)
+}
+
+/// Queues thread `t`'s next multi-limit request ([`MULTI_AMOUNTS`] over a tenant's
+/// [`MULTI_KEYS`] keys): mreserve.lua (client id) or `QUOTA.MRESERVE` (generated id). Returns
+/// (tenant index, client id).
+fn queue_mreserve(
+    p: &mut Packed,
+    scripts: &Scripts,
+    lua: bool,
+    t: usize,
+    n: &mut u64,
+) -> (usize, String) {
+    let k = key_of(t, *n);
+    let id = client_id(t, *n);
+    *n += 1;
+    let m = &multi_keys()[k];
+    if lua {
+        // EVALSHA sha numkeys detail keys.. nb nw id ttl amounts..
+        p.cmd(3 + 1 + m.lua.len() + 4 + MULTI_KEYS).bulk(b"EVALSHA");
+        p.bulk(scripts.mreserve.as_bytes());
+        p.int(1 + m.lua.len() as i64);
+        p.bulk(format!("{}{id}", m.detail).as_bytes());
+        for key in &m.lua {
+            p.bulk(key);
+        }
+        p.int(MULTI_BUDGETS as i64);
+        p.int((MULTI_KEYS - MULTI_BUDGETS) as i64);
+        p.bulk(id.as_bytes());
+        p.int(3600);
+    } else {
+        p.cmd(2 + 2 * MULTI_KEYS).bulk(b"QUOTA.MRESERVE");
+        p.int(MULTI_KEYS as i64);
+        for key in &m.module {
+            p.bulk(key);
+        }
+    }
+    for a in MULTI_AMOUNTS {
+        p.int(a);
+    }
+    (k, id)
+}
+
+/// Queues the settle of tenant `k`'s reservation `id` at [`MULTI_ACTUALS`]: msettle.lua or
+/// `QUOTA.MSETTLE`.
+fn queue_msettle(p: &mut Packed, scripts: &Scripts, lua: bool, k: usize, id: &str) {
+    let m = &multi_keys()[k];
+    if lua {
+        // EVALSHA sha numkeys detail keys.. nb nw id actuals..
+        p.cmd(3 + 1 + m.lua.len() + 3 + MULTI_KEYS).bulk(b"EVALSHA");
+        p.bulk(scripts.msettle.as_bytes());
+        p.int(1 + m.lua.len() as i64);
+        p.bulk(format!("{}{id}", m.detail).as_bytes());
+        for key in &m.lua {
+            p.bulk(key);
+        }
+        p.int(MULTI_BUDGETS as i64);
+        p.int((MULTI_KEYS - MULTI_BUDGETS) as i64);
+        p.bulk(id.as_bytes());
+    } else {
+        p.cmd(3 + 2 * MULTI_KEYS).bulk(b"QUOTA.MSETTLE");
+        p.int(MULTI_KEYS as i64);
+        for key in &m.module {
+            p.bulk(key);
+        }
+        p.bulk(id.as_bytes());
+    }
+    for a in MULTI_ACTUALS {
+        p.int(a);
+    }
+}
+
+/// An MSETTLE reply (module or Lua): one `[status, charged, value]` per key, the first (a
+/// budget) `settled`.
+fn expect_msettled(v: &Value) -> Result<()> {
+    if let Value::Array(per_key) = v {
+        if per_key.len() == MULTI_KEYS {
+            if let Some(Value::Array(first)) = per_key.first() {
+                match first.first() {
+                    Some(Value::SimpleString(s)) if s == "settled" => return Ok(()),
+                    Some(Value::BulkString(b)) if b == b"settled" => return Ok(()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Err(format!("unexpected MSETTLE reply {v:?}").into())
 }
 
 /// `EVALSHA sha 2 tenant quota_reserve:<id> 1`: the Lua reserve or settle of 1 unit.

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
 
-use crate::load::{RESERVE_LUA, SETTLE_LUA, WINDOW_LUA};
+use crate::load::{
+    has_command, MultiKeys, MRESERVE_LUA, MSETTLE_LUA, MULTI_ACTUALS, MULTI_AMOUNTS, MULTI_BUDGETS,
+    MULTI_KEYS, RESERVE_LUA, SETTLE_LUA, WINDOW_LUA,
+};
 use crate::server::{info, info_i64, used_memory, Server};
 use crate::Result;
 
@@ -34,7 +37,20 @@ pub struct MemoryResults {
     pub lua_window: PerItem,
     /// Members held per Lua window key at the end.
     pub lua_window_members: usize,
+    /// 5-key reservations (3 budgets + RPM + TPM windows of an hour, one tenant's keys)
+    /// measured, over [`MEM_KEYS`] tenants.
+    pub multi_items: usize,
+    /// Per 5-key reservation, pending and then settled; `None`: the module has no MRESERVE.
+    pub module_multi: Option<(PerItem, PerItem)>,
+    pub lua_multi: (PerItem, PerItem),
+    /// Of the module's pending 5-key reservation, `MEMORY USAGE` bytes per request in one
+    /// budget key and in one window key.
+    pub module_multi_split: Option<(f64, f64)>,
 }
+
+/// The multi-limit memory measurement's window: an hour (default precision, 1 min), so that
+/// every reservation made during the measurement is still inside it.
+const MULTI_WINDOW_MS: i64 = 3_600_000;
 
 /// A 16-byte id (the goal's bound) unique per item.
 fn id16(i: usize) -> String {
@@ -238,6 +254,8 @@ pub fn measure_memory(
         };
     }
 
+    measure_multi(module, items / MULTI_KEYS, &mut r)?;
+
     // Windows of 60 s at 1 s precision, `window_rate` calls per second per key for 62 s of
     // (simulated) time: every bucket of the window is in use.
     {
@@ -320,6 +338,199 @@ pub fn measure_memory(
         r.lua_window_members = redis::cmd("ZCARD").arg("lw:0").query(&mut con)?;
     }
     Ok(r)
+}
+
+/// Sum of `MEMORY USAGE` over every key of every tenant.
+fn multi_usage(con: &mut Connection, keys: &[Vec<u8>]) -> Result<f64> {
+    let mut sum = 0i64;
+    for k in keys {
+        sum += memory_usage(con, &String::from_utf8_lossy(k))?;
+    }
+    Ok(sum as f64)
+}
+
+/// Bytes per 5-key reservation (module and Lua): `items` requests spread over [`MEM_KEYS`]
+/// tenants, 16-byte ids, pending, then the same ids settled.
+fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<()> {
+    r.multi_items = items;
+    let tenants: Vec<MultiKeys> = (0..MEM_KEYS).map(|k| MultiKeys::new("mm", k)).collect();
+    let per_tenant = (items / MEM_KEYS) as f64;
+    let per = |m0: i64, m1: i64, u0: f64, u1: f64| PerItem {
+        used_memory: (m1 - m0) as f64 / items as f64,
+        memory_usage: (u1 - u0) / MEM_KEYS as f64 / per_tenant,
+    };
+    {
+        let server = Server::start(module, "mem-multi", &[])?;
+        let mut con = server.connection()?;
+        if has_command(&mut con, "quota.mreserve")? && has_command(&mut con, "quota.msettle")? {
+            let keys: Vec<Vec<u8>> = tenants.iter().flat_map(|t| t.module.clone()).collect();
+            for t in &tenants {
+                for (i, k) in t.module.iter().enumerate() {
+                    let mut c = redis::cmd("QUOTA.SET");
+                    c.arg(k);
+                    if i < MULTI_BUDGETS {
+                        c.arg("LIMIT")
+                            .arg(1_000_000_000_000i64)
+                            .arg("TTL")
+                            .arg(3_600_000);
+                    } else {
+                        c.arg("WINDOW")
+                            .arg(1_000_000_000_000i64)
+                            .arg(MULTI_WINDOW_MS);
+                    }
+                    c.query::<Value>(&mut con)?;
+                }
+            }
+            let budgets: Vec<Vec<u8>> = tenants
+                .iter()
+                .flat_map(|t| t.module[..MULTI_BUDGETS].to_vec())
+                .collect();
+            let windows: Vec<Vec<u8>> = tenants
+                .iter()
+                .flat_map(|t| t.module[MULTI_BUDGETS..].to_vec())
+                .collect();
+            let split0 = (
+                multi_usage(&mut con, &budgets)?,
+                multi_usage(&mut con, &windows)?,
+            );
+            let m0 = settled_memory(&server, &mut con)?;
+            let u0 = multi_usage(&mut con, &keys)?;
+            send_all(
+                &mut con,
+                items,
+                |p, i| {
+                    let c = p.cmd("QUOTA.MRESERVE").arg(MULTI_KEYS);
+                    for k in &tenants[i % MEM_KEYS].module {
+                        c.arg(k);
+                    }
+                    c.arg(&MULTI_AMOUNTS[..]).arg("ID").arg(id16(i));
+                },
+                |v| first_is(v, 1),
+            )?;
+            let m1 = settled_memory(&server, &mut con)?;
+            let u1 = multi_usage(&mut con, &keys)?;
+            let split1 = (
+                multi_usage(&mut con, &budgets)?,
+                multi_usage(&mut con, &windows)?,
+            );
+            r.module_multi_split = Some((
+                (split1.0 - split0.0) / (items * MULTI_BUDGETS) as f64,
+                (split1.1 - split0.1) / (items * (MULTI_KEYS - MULTI_BUDGETS)) as f64,
+            ));
+            send_all(
+                &mut con,
+                items,
+                |p, i| {
+                    let c = p.cmd("QUOTA.MSETTLE").arg(MULTI_KEYS);
+                    for k in &tenants[i % MEM_KEYS].module {
+                        c.arg(k);
+                    }
+                    c.arg(id16(i)).arg(&MULTI_ACTUALS[..]);
+                },
+                |v| matches!(v, Value::Array(a) if a.len() == MULTI_KEYS),
+            )?;
+            let m2 = settled_memory(&server, &mut con)?;
+            let u2 = multi_usage(&mut con, &keys)?;
+            r.module_multi = Some((per(m0, m1, u0, u1), per(m0, m2, u0, u2)));
+        }
+    }
+    {
+        let server = Server::start(module, "mem-multi-lua", &[])?;
+        let mut con = server.connection()?;
+        let load = |con: &mut Connection, src: &str| -> Result<String> {
+            Ok(redis::cmd("SCRIPT").arg("LOAD").arg(src).query(con)?)
+        };
+        let mreserve = load(&mut con, MRESERVE_LUA)?;
+        let msettle = load(&mut con, MSETTLE_LUA)?;
+        let lua_keys = |t: &MultiKeys| t.lua.to_vec();
+        for t in &tenants {
+            for b in &t.lua[..MULTI_BUDGETS] {
+                redis::cmd("HSET")
+                    .arg(b)
+                    .arg("total")
+                    .arg(1_000_000_000_000i64)
+                    .arg("used")
+                    .arg(0)
+                    .arg("reserved")
+                    .arg(0)
+                    .query::<i64>(&mut con)?;
+            }
+            for cfg in [&t.lua[4], &t.lua[6]] {
+                redis::cmd("HSET")
+                    .arg(cfg)
+                    .arg("limit")
+                    .arg(1_000_000_000_000i64)
+                    .arg("window_ms")
+                    .arg(MULTI_WINDOW_MS)
+                    .arg("sum")
+                    .arg(0)
+                    .query::<i64>(&mut con)?;
+            }
+        }
+        // The ZSETs exist only once a call was counted: their usage is measured after.
+        let keys: Vec<Vec<u8>> = tenants
+            .iter()
+            .flat_map(|t| {
+                lua_keys(t)
+                    .into_iter()
+                    .filter(|k| !k.ends_with(b"rpm") && !k.ends_with(b"tpm"))
+            })
+            .collect();
+        let zsets: Vec<Vec<u8>> = tenants
+            .iter()
+            .flat_map(|t| [t.lua[3].clone(), t.lua[5].clone()])
+            .collect();
+        let detail = |i: usize| format!("{}{}", tenants[i % MEM_KEYS].detail, id16(i));
+        let call = |p: &mut redis::Pipeline, sha: &str, i: usize, reserve: bool| {
+            let t = &tenants[i % MEM_KEYS];
+            let c = p
+                .cmd("EVALSHA")
+                .arg(sha)
+                .arg(1 + t.lua.len())
+                .arg(detail(i));
+            for k in &t.lua {
+                c.arg(k);
+            }
+            c.arg(MULTI_BUDGETS)
+                .arg(MULTI_KEYS - MULTI_BUDGETS)
+                .arg(id16(i));
+            if reserve {
+                c.arg(3600).arg(&MULTI_AMOUNTS[..]);
+            } else {
+                c.arg(&MULTI_ACTUALS[..]);
+            }
+        };
+        let m0 = settled_memory(&server, &mut con)?;
+        let u0 = multi_usage(&mut con, &keys)?;
+        send_all(
+            &mut con,
+            items,
+            |p, i| call(p, &mreserve, i, true),
+            |v| first_is(v, 1),
+        )?;
+        let sample: Vec<String> = (0..items)
+            .step_by((items / 1000).max(1))
+            .map(detail)
+            .collect();
+        let m1 = settled_memory(&server, &mut con)?;
+        let u1 = multi_usage(&mut con, &keys)? + multi_usage(&mut con, &zsets)?;
+        let d1 = avg_usage(&mut con, &sample)?;
+        send_all(
+            &mut con,
+            items,
+            |p, i| call(p, &msettle, i, false),
+            |v| matches!(v, Value::Array(a) if a.len() == MULTI_KEYS),
+        )?;
+        let m2 = settled_memory(&server, &mut con)?;
+        let u2 = multi_usage(&mut con, &keys)? + multi_usage(&mut con, &zsets)?;
+        let d2 = avg_usage(&mut con, &sample)?;
+        let mut pending = per(m0, m1, u0, u1);
+        pending.memory_usage += d1;
+        let mut settled = per(m0, m2, u0, u2);
+        settled.memory_usage += d2;
+        r.lua_multi = (pending, settled);
+    }
+    Ok(())
 }
 
 pub fn now_ms() -> i64 {
