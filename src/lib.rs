@@ -32,6 +32,7 @@ use shell::budget_cmds::{
     quota_set, quota_settle,
 };
 use shell::budget_type::BUDGET_TYPE;
+use shell::command_docs::quota_help;
 use shell::config;
 use shell::window_apply::quota_wapply;
 use shell::window_cmds::quota_window;
@@ -251,13 +252,16 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     for spec in &MULTI_COMMANDS {
-        let declared = shell::command::register(ctx, spec).and_then(|()| {
-            shell::key_specs::declare_numkeys(ctx, spec.name, shell::key_specs::RW_UPDATE)
-        });
-        if let Err(e) = declared {
+        if let Err(e) = shell::command::register(ctx, spec) {
             ctx.log_warning(&format!("quota: not loaded: {e}"));
             return Status::Err;
         }
+    }
+    // COMMAND DOCS / INFO and key specs of every command (the macro's are registered by now),
+    // the multi-key commands' keynum key specs among them.
+    if let Err(e) = shell::command_docs::set_all(ctx) {
+        ctx.log_warning(&format!("quota: not loaded: {e}"));
+        return Status::Err;
     }
     // Replaces the crate's empty INFO callback with `# quota`.
     redis_module::raw::register_info_function(ctx.ctx, Some(shell::stats::info_callback));
@@ -292,6 +296,7 @@ redis_module! {
         ["QUOTA.APPLY", quota_apply, "write", 1, 1, 1, "", "write admin dangerous"],
         ["QUOTA.LOAD", quota_load, "write", 1, 1, 1, "", "write admin dangerous"],
         ["QUOTA.WAPPLY", quota_wapply, "write", 1, 1, 1, "", "write admin dangerous"],
+        ["QUOTA.HELP", quota_help, "readonly fast allow-loading allow-stale", 0, 0, 0, "", "fast"],
     ],
     // Keyspace events are subscribed in `init`, after the arguments are checked: a subscription
     // made by the macro would outlive a failed load and call into the unloaded library.

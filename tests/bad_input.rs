@@ -149,14 +149,14 @@ fn repeated_options_check_each_sign_and_the_kept_range() {
     };
     let window = ["QUOTA.WINDOW", "w", "10", "1000"];
     for (options, message) in [
-        (["COST", "-1", "COST", "1"], "cost must be non-negative"),
+        (["COST", "-1", "COST", "1"], "COST must be non-negative"),
         (
             ["PRECISION", "0", "PRECISION", "10"],
-            "precision must be positive",
+            "PRECISION must be positive",
         ),
         (
             ["PRECISION", "-1", "PRECISION", "10"],
-            "precision must be positive",
+            "PRECISION must be positive",
         ),
     ] {
         refused(&mut c, &[&window[..], &options[..]].concat(), message);
@@ -179,4 +179,211 @@ fn repeated_options_check_each_sign_and_the_kept_range() {
         let args = ["QUOTA.PENDING", "t", "COUNT", counts[0], "COUNT", counts[1]];
         refused(&mut c, &args, "COUNT must be between 0 and 10000");
     }
+}
+
+/// The whole error line (code and text) of a call that must fail.
+fn error_line(c: &mut redis::Connection, args: &[&str]) -> String {
+    match q(c, args) {
+        Ok(v) => panic!("{args:?} should fail, got {v:?}"),
+        Err(e) => format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or("")),
+    }
+}
+
+const RESERVE_USAGE: &str = "Usage: QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms]";
+const MRESERVE_USAGE: &str = "Usage: QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] \
+     [ID id] [TTL ttl_ms] [AT unix_ms]";
+const WINDOW_USAGE: &str = "Usage: QUOTA.WINDOW key [limit window_ms] [COST cost] \
+     [PRECISION precision_ms] [PEEK] [AT unix_ms]";
+const SET_USAGE: &str = "Usage: QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] \
+     [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
+     [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] \
+     [ANCHOR anchor_ms] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]";
+
+/// Error lines name the argument at fault and say what to do next (issue 23): the argument's
+/// name, the value got, the key taken for an option, and the command's usage line. Codes and
+/// Redis's arity sentence stay as Redis has them.
+#[test]
+fn error_lines_name_the_argument_and_give_the_usage() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "b:1", "LIMIT", "100"]);
+    ok(&mut c, &["QUOTA.RESERVE", "b:1", "10", "ID", "p"]);
+    let before = digest(&mut c, "b:1");
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        // The three a new user met (issue 23).
+        (
+            vec!["QUOTA.RESERVE", "b:1", "ID", "x", "5"],
+            format!(
+                "ERR amount is not an integer or out of range: got 'ID', an option: amount \
+                 comes before the options. {RESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.RESERVE", "k", "5", "TTL"],
+            format!("ERR TTL needs a value: TTL ttl_ms. {RESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SET", "LIMIT", "10", "b:1"],
+            format!(
+                "ERR syntax error near '10': the key was taken to be 'LIMIT': the key comes \
+                 first. {SET_USAGE}"
+            ),
+        ),
+        // Too few arguments: Redis's sentence, then the usage.
+        (
+            vec!["QUOTA.RESERVE", "b:1"],
+            format!("ERR wrong number of arguments for 'QUOTA.RESERVE' command. {RESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SETTLE", "b:1", "p"],
+            "ERR wrong number of arguments for 'QUOTA.SETTLE' command. Usage: QUOTA.SETTLE key \
+             id actual [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.ROLLBACK", "b:1"],
+            "ERR wrong number of arguments for 'QUOTA.ROLLBACK' command. Usage: \
+             QUOTA.ROLLBACK key id [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.EXTEND", "b:1", "p"],
+            "ERR wrong number of arguments for 'QUOTA.EXTEND' command. Usage: QUOTA.EXTEND key \
+             id ttl_ms [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.CHARGE", "b:1"],
+            "ERR wrong number of arguments for 'QUOTA.CHARGE' command. Usage: QUOTA.CHARGE key \
+             amount [ID id] [FORCE] [AT unix_ms]"
+                .into(),
+        ),
+        // Redis checks the key's presence itself (arity -2): its own sentence.
+        (
+            vec!["QUOTA.INFO"],
+            "ERR wrong number of arguments for 'QUOTA.INFO' command".into(),
+        ),
+        // A positional argument that is not an integer.
+        (
+            vec!["QUOTA.SETTLE", "b:1", "p", "all"],
+            "ERR actual is not an integer or out of range: got 'all'. Usage: QUOTA.SETTLE key \
+             id actual [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.EXTEND", "b:1", "p", "5s"],
+            "ERR ttl_ms is not an integer or out of range: got '5s'. Usage: QUOTA.EXTEND key \
+             id ttl_ms [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.CHARGE", "b:1", "FORCE", "5"],
+            "ERR amount is not an integer or out of range: got 'FORCE', an option: amount \
+             comes before the options. Usage: QUOTA.CHARGE key amount [ID id] [FORCE] \
+             [AT unix_ms]"
+                .into(),
+        ),
+        // An option's value that is not an integer, or is missing.
+        (
+            vec!["QUOTA.RESERVE", "b:1", "5", "TTL", "1.5"],
+            format!(
+                "ERR value of TTL is not an integer or out of range: got '1.5'. {RESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "b:1", "LIMIT", "lots"],
+            format!("ERR value of LIMIT is not an integer or out of range: got 'lots'. {SET_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SET", "b:1", "PERIOD"],
+            format!("ERR PERIOD needs a value: PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH. {SET_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.PENDING", "b:1", "COUNT"],
+            "ERR COUNT needs a value: COUNT count. Usage: QUOTA.PENDING key [COUNT count] \
+             [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.INFO", "b:1", "AT"],
+            "ERR AT needs a value: AT unix_ms. Usage: QUOTA.INFO key [AT unix_ms]".into(),
+        ),
+        // An unknown option, or one more argument than the command takes.
+        (
+            vec!["QUOTA.RESERVE", "b:1", "5", "FORCE"],
+            format!("ERR syntax error near 'FORCE': QUOTA.RESERVE takes no such option. {RESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SETTLE", "b:1", "p", "1", "2"],
+            "ERR syntax error near '2': QUOTA.SETTLE takes no such option. Usage: QUOTA.SETTLE \
+             key id actual [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.INFO", "b:1", "extra"],
+            "ERR syntax error near 'extra': QUOTA.INFO takes no such option. Usage: QUOTA.INFO \
+             key [AT unix_ms]"
+                .into(),
+        ),
+        // The multi-key commands and the window configuration forms.
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1"],
+            format!("ERR wrong number of arguments for 'QUOTA.MRESERVE' command. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "FORCE"],
+            format!(
+                "ERR syntax error near 'FORCE': QUOTA.MRESERVE takes no such option. \
+                 {MRESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "TTL"],
+            format!("ERR TTL needs a value: TTL ttl_ms. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW"],
+            format!(
+                "ERR WINDOW needs a value: WINDOW limit window_ms [PRECISION precision_ms]. \
+                 {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "PRECISION"],
+            format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.WINDOW", "w", "COST", "x"],
+            format!("ERR value of COST is not an integer or out of range: got 'x'. {WINDOW_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.WINDOW", "w", "10", "1s"],
+            format!("ERR window_ms is not an integer or out of range: got '1s'. {WINDOW_USAGE}"),
+        ),
+        // Value checks name the argument and the rule.
+        (
+            vec!["QUOTA.RESERVE", "b:1", "-1"],
+            "ERR amount must not be negative".into(),
+        ),
+        (
+            vec!["QUOTA.SET", "b:1", "TZ", "Mars/Base"],
+            "ERR unknown time zone 'Mars/Base': TZ takes an IANA name such as UTC or Europe/Paris"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.SET", "new", "USED", "5"],
+            "ERR LIMIT is required to create a budget: QUOTA.SET key LIMIT n [option ...] \
+             (see QUOTA.HELP)"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.WINDOW", "w", "10", "1000", "PRECISION", "2000"],
+            "ERR PRECISION must not exceed window_ms".into(),
+        ),
+    ];
+    for (args, want) in &cases {
+        assert_eq!(&error_line(&mut c, args), want, "{args:?}");
+    }
+    assert_eq!(digest(&mut c, "b:1"), before);
+    assert_eq!(keys(&mut c), ["b:1"]);
 }

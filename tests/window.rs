@@ -333,10 +333,20 @@ fn bad_arguments_are_refused_and_write_nothing() {
     let mut c = s.conn();
     let cases: &[(&[&str], &str)] = &[
         (&[], "wrong number of arguments"),
-        (&["k", "10"], "wrong number of arguments"),
-        (&["k", "ten", "1000"], "not an integer"),
+        (
+            &["k", "10"],
+            "wrong number of arguments for 'QUOTA.WINDOW' command. Usage: QUOTA.WINDOW key",
+        ),
+        (
+            &["k", "ten", "1000"],
+            "limit is not an integer or out of range: got 'ten'. Usage: QUOTA.WINDOW key \
+             [limit window_ms] [COST cost] [PRECISION precision_ms] [PEEK] [AT unix_ms]",
+        ),
         (&["k", "10", "1s"], "not an integer"),
-        (&["k", "10", "1000", "COST", "1.5"], "not an integer"),
+        (
+            &["k", "10", "1000", "COST", "1.5"],
+            "value of COST is not an integer or out of range: got '1.5'",
+        ),
         (&["k", "10", "1000", "PRECISION", "x"], "not an integer"),
         (&["k", "10", "1000", "AT", "soon"], "not an integer"),
         (&["k", "10", "99999999999999999999"], "not an integer"),
@@ -345,29 +355,38 @@ fn bad_arguments_are_refused_and_write_nothing() {
         (&["k", "10", "-5"], "window_ms must be positive"),
         (
             &["k", "10", "1000", "COST", "-1"],
-            "cost must be non-negative",
+            "COST must be non-negative",
         ),
         (
             &["k", "10", "1000", "PRECISION", "0"],
-            "precision must be positive",
+            "PRECISION must be positive",
         ),
         (
             &["k", "10", "1000", "PRECISION", "-1"],
-            "precision must be positive",
+            "PRECISION must be positive",
         ),
         (
             &["k", "10", "1000", "PRECISION", "1001"],
-            "precision must not exceed window_ms",
+            "PRECISION must not exceed window_ms",
         ),
         (&["k", "10", "4097", "PRECISION", "1"], "too many buckets"),
         (&["k", "10", "60000", "PRECISION", "14"], "too many buckets"),
         (
             &["k", "10", "1000", "BURST", "5"],
-            "syntax error near 'BURST'",
+            "syntax error near 'BURST': QUOTA.WINDOW takes no such option. Usage:",
         ),
-        (&["k", "10", "1000", "COST"], "an argument is missing"),
-        (&["k", "10", "1000", "PRECISION"], "an argument is missing"),
-        (&["k", "10", "1000", "AT"], "an argument is missing"),
+        (
+            &["k", "10", "1000", "COST"],
+            "COST needs a value: COST cost. Usage: QUOTA.WINDOW",
+        ),
+        (
+            &["k", "10", "1000", "PRECISION"],
+            "PRECISION needs a value: PRECISION precision_ms. Usage: QUOTA.WINDOW",
+        ),
+        (
+            &["k", "10", "1000", "AT"],
+            "AT needs a value: AT unix_ms. Usage: QUOTA.WINDOW",
+        ),
         (&["k", "10", "1000", "AT", "-1"], "AT must not be negative"),
         (
             &["k", "10", "1000", "AT", "253397030400001"],

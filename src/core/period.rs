@@ -103,7 +103,10 @@ impl fmt::Display for PeriodError {
             PeriodError::UnknownKind => {
                 f.write_str("ERR PERIOD must be one of NONE|MINUTE|HOUR|DAY|WEEK|MONTH")
             }
-            PeriodError::UnknownTimeZone(zone) => write!(f, "ERR unknown time zone '{zone}'"),
+            PeriodError::UnknownTimeZone(zone) => write!(
+                f,
+                "ERR unknown time zone '{zone}': TZ takes an IANA name such as UTC or Europe/Paris"
+            ),
             PeriodError::AnchorWithoutPeriod => {
                 f.write_str("ERR ANCHOR requires PERIOD MINUTE|HOUR|DAY|WEEK|MONTH")
             }
@@ -571,15 +574,21 @@ mod tests {
         }
         assert_eq!(
             canon("Mars/Base").unwrap_err().to_string(),
-            "ERR unknown time zone 'Mars/Base'"
+            "ERR unknown time zone 'Mars/Base': TZ takes an IANA name such as UTC or Europe/Paris"
         );
         let err = Period::new(PeriodKind::Day, b"Bad\r\nZone\xff", None).unwrap_err();
-        assert_eq!(err.to_string(), "ERR unknown time zone 'Bad??Zone?'");
+        assert_eq!(
+            err.to_string(),
+            "ERR unknown time zone 'Bad??Zone?': TZ takes an IANA name such as UTC or Europe/Paris"
+        );
         let err = Period::new(PeriodKind::Day, b"Eur'ope/Pa'ris", None).unwrap_err();
-        assert_eq!(err.to_string(), "ERR unknown time zone 'Eur?ope/Pa?ris'");
+        assert_eq!(err.to_string(), "ERR unknown time zone 'Eur?ope/Pa?ris': TZ takes an IANA name such as UTC or Europe/Paris");
         // Non-ASCII is echoed as '?': the reply must stay ASCII (see `echo`).
         let err = Period::new(PeriodKind::Day, "\u{100}\u{4e00}é".as_bytes(), None).unwrap_err();
-        assert_eq!(err.to_string(), "ERR unknown time zone '???'");
+        assert_eq!(
+            err.to_string(),
+            "ERR unknown time zone '???': TZ takes an IANA name such as UTC or Europe/Paris"
+        );
         let long = "x".repeat(1000);
         match canon(&long).unwrap_err() {
             PeriodError::UnknownTimeZone(echoed) => assert_eq!(echoed.len(), MAX_ECHO_CHARS),

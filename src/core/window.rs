@@ -113,12 +113,12 @@ impl fmt::Display for WindowError {
         match self {
             Self::NegativeLimit => f.write_str("ERR limit must be non-negative"),
             Self::WindowNotPositive => f.write_str("ERR window_ms must be positive"),
-            Self::NegativeCost => f.write_str("ERR cost must be non-negative"),
-            Self::PrecisionNotPositive => f.write_str("ERR precision must be positive"),
-            Self::PrecisionAboveWindow => f.write_str("ERR precision must not exceed window_ms"),
-            Self::TooManyBuckets => {
-                f.write_str("ERR too many buckets: window_ms/precision must be at most 4096")
-            }
+            Self::NegativeCost => f.write_str("ERR COST must be non-negative"),
+            Self::PrecisionNotPositive => f.write_str("ERR PRECISION must be positive"),
+            Self::PrecisionAboveWindow => f.write_str("ERR PRECISION must not exceed window_ms"),
+            Self::TooManyBuckets => f.write_str(
+                "ERR too many buckets: window_ms/PRECISION must be at most 4096 (raise PRECISION)",
+            ),
             Self::Overflow => f.write_str("ERR overflow"),
             Self::Corrupt(what) => write!(f, "ERR corrupt window value: {what}"),
         }
@@ -1878,15 +1878,15 @@ mod tests {
         assert_eq!(err(1, 0, None, None), "ERR window_ms must be positive");
         assert_eq!(err(1, -5, None, None), "ERR window_ms must be positive");
         assert_eq!(err(-1, 5, None, None), "ERR limit must be non-negative");
-        assert_eq!(err(1, 5, Some(-1), None), "ERR cost must be non-negative");
-        assert_eq!(err(1, 5, None, Some(0)), "ERR precision must be positive");
+        assert_eq!(err(1, 5, Some(-1), None), "ERR COST must be non-negative");
+        assert_eq!(err(1, 5, None, Some(0)), "ERR PRECISION must be positive");
         assert_eq!(
             err(1, 5, None, Some(6)),
-            "ERR precision must not exceed window_ms"
+            "ERR PRECISION must not exceed window_ms"
         );
         assert_eq!(
             err(1, 4097, None, Some(1)),
-            "ERR too many buckets: window_ms/precision must be at most 4096"
+            "ERR too many buckets: window_ms/PRECISION must be at most 4096 (raise PRECISION)"
         );
         assert!(WindowParams::parse(1, 4096, None, Some(1)).is_ok());
         assert!(WindowParams::parse(1, 8193, None, Some(2)).is_err());

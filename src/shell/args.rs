@@ -1,51 +1,71 @@
 //! Argument parsing for QUOTA.* commands: a cursor over the command's arguments that yields
-//! integers, byte strings and keywords with Redis-style error messages.
+//! integers, byte strings and keywords, with errors that name the argument at fault and end
+//! with the command's usage line (from [`crate::shell::command_docs`]).
+//!
+//! The cursor knows the command by its name in `argv[0]`; an error finds the argument's name
+//! from its position (a positional one) or the keyword before it (an option's value). All of
+//! that happens on the error path only: a call that parses costs what it did before.
 
 use redis_module::{RedisError, RedisString};
+
+use crate::core::error::printable_id;
+use crate::shell::command_docs::{self, CommandDoc};
 
 /// The standard Redis reply for a bad integer.
 pub const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
 /// A cursor over a command's arguments (after the command name).
 pub struct Args<'a> {
-    args: &'a [RedisString],
+    /// All of argv, the command name first.
+    all: &'a [RedisString],
+    /// The index in `all` of the next argument.
     pos: usize,
 }
 
 impl<'a> Args<'a> {
-    /// Arguments after the command name; `WrongArity` if there are fewer than `min`.
+    /// Arguments after the command name; the arity error (with the usage line) if there are
+    /// fewer than `min`.
+    #[inline(always)]
     pub fn new(all: &'a [RedisString], min: usize) -> Result<Self, RedisError> {
-        let args = all.get(1..).unwrap_or(&[]);
-        if args.len() < min {
-            return Err(RedisError::WrongArity);
+        if all.len().saturating_sub(1) < min {
+            return Err(Args { all, pos: 1 }.wrong_arity());
         }
-        Ok(Args { args, pos: 0 })
+        Ok(Args { all, pos: 1 })
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pos >= self.args.len()
+        self.pos >= self.all.len()
     }
 
-    /// The next argument as bytes.
+    /// The next argument as bytes; if there is none, the error says what was expected (the
+    /// value of the option just read, or more arguments).
+    #[inline(always)]
     pub fn next_bytes(&mut self) -> Result<&'a [u8], RedisError> {
-        let arg = self
-            .args
-            .get(self.pos)
-            .ok_or(RedisError::Str("ERR syntax error: an argument is missing"))?;
+        let Some(arg) = self.all.get(self.pos) else {
+            return Err(self.missing());
+        };
         self.pos = self.pos.saturating_add(1);
         Ok(arg.as_slice())
     }
 
     /// The next argument as the `RedisString` (for keys).
+    #[inline(always)]
     pub fn next_string(&mut self) -> Result<&'a RedisString, RedisError> {
-        let arg = self.args.get(self.pos).ok_or(RedisError::WrongArity)?;
+        let Some(arg) = self.all.get(self.pos) else {
+            return Err(self.wrong_arity());
+        };
         self.pos = self.pos.saturating_add(1);
         Ok(arg)
     }
 
-    /// The next argument as a signed 64-bit integer.
+    /// The next argument as a signed 64-bit integer; the error names the argument.
+    #[inline(always)]
     pub fn next_i64(&mut self) -> Result<i64, RedisError> {
-        parse_i64(self.next_bytes()?)
+        let bytes = self.next_bytes()?;
+        match parse_canonical_i64(bytes) {
+            Some(n) => Ok(n),
+            None => Err(self.not_an_integer()),
+        }
     }
 
     /// The next argument as a non-negative integer named `what` (for the error message).
@@ -66,6 +86,133 @@ impl<'a> Args<'a> {
             return Err(RedisError::String(format!("ERR {what} must be positive")));
         }
         Ok(n)
+    }
+
+    /// The error for `token`, just read where an option was expected: a syntax error that says
+    /// which options the command takes (or that the key was taken for an option's keyword).
+    #[cold]
+    #[inline(never)]
+    pub fn unexpected(&self, token: &[u8]) -> RedisError {
+        let near = format!("ERR syntax error near '{}'", printable_id(token));
+        let Some(doc) = self.doc() else {
+            return RedisError::String(near);
+        };
+        let why = match self.key_as_option(doc) {
+            Some(hint) => hint,
+            None if doc.args.iter().any(|a| a.optional) => {
+                format!("{} takes no such option", doc.name.to_string_lossy())
+            }
+            None => format!("{} takes no more arguments", doc.name.to_string_lossy()),
+        };
+        RedisError::String(format!("{near}: {why}. Usage: {}", doc.usage()))
+    }
+
+    /// `ERR wrong number of arguments for 'QUOTA.X' command` (as Redis itself words it for a
+    /// module command: the name as registered), then the usage line.
+    #[cold]
+    #[inline(never)]
+    pub fn wrong_arity(&self) -> RedisError {
+        let Some(doc) = self.doc() else {
+            let name = self.all.first().map_or(&b""[..], |n| n.as_slice());
+            return RedisError::String(format!(
+                "ERR wrong number of arguments for '{}' command",
+                printable_id(name)
+            ));
+        };
+        let hint = self
+            .key_as_option(doc)
+            .map_or_else(String::new, |h| format!(" ({h})"));
+        RedisError::String(format!(
+            "ERR wrong number of arguments for '{}' command{hint}. Usage: {}",
+            doc.name.to_string_lossy(),
+            doc.usage()
+        ))
+    }
+
+    /// The documentation of this command, if it has one.
+    fn doc(&self) -> Option<&'static CommandDoc> {
+        command_docs::find(self.all.first()?.as_slice())
+    }
+
+    /// A value missing at the end: the option just read needs one, or arguments are missing.
+    #[cold]
+    #[inline(never)]
+    fn missing(&self) -> RedisError {
+        let option = self.all.len().checked_sub(1).and_then(|last| {
+            let doc = self.doc()?;
+            // The last argument was read as an option's keyword: its value is missing.
+            let opt = doc
+                .option(self.all.get(last)?.as_slice())
+                .filter(|_| last >= 2)?;
+            Some((doc, opt))
+        });
+        match option {
+            Some((doc, opt)) => RedisError::String(format!(
+                "ERR {} needs a value: {}. Usage: {}",
+                opt.token
+                    .map_or_else(String::new, |t| t.to_string_lossy().into_owned()),
+                opt.form(),
+                doc.usage()
+            )),
+            None => self.wrong_arity(),
+        }
+    }
+
+    /// The error for the argument just read, which is not an integer.
+    #[cold]
+    #[inline(never)]
+    fn not_an_integer(&self) -> RedisError {
+        // Its index in argv (the cursor has moved past it).
+        let at = self.pos.saturating_sub(1);
+        let got = self.all.get(at).map_or(&b""[..], |a| a.as_slice());
+        let got_text = printable_id(got);
+        let Some(doc) = self.doc() else {
+            return RedisError::String(format!("{NOT_AN_INTEGER}: '{got_text}'"));
+        };
+        let usage = doc.usage();
+        let hint = self
+            .key_as_option(doc)
+            .map_or_else(String::new, |h| format!(" ({h})"));
+        // The value of the option just before it (not the key: index 1), else a positional.
+        let option = at
+            .checked_sub(1)
+            .filter(|&i| i >= 2)
+            .and_then(|i| self.all.get(i))
+            .and_then(|t| doc.option(t.as_slice()))
+            .and_then(|o| o.token);
+        if let Some(token) = option {
+            return RedisError::String(format!(
+                "ERR value of {} is not an integer or out of range: got '{got_text}'{hint}. Usage: {usage}",
+                token.to_string_lossy()
+            ));
+        }
+        match at.checked_sub(1).and_then(|i| doc.positional(i)) {
+            Some(arg) => {
+                let name = arg.placeholder();
+                let why = if doc.option(got).is_some() {
+                    format!(", an option: {name} comes before the options")
+                } else {
+                    String::new()
+                };
+                RedisError::String(format!(
+                    "ERR {name} is not an integer or out of range: got '{got_text}'{why}{hint}. Usage: {usage}"
+                ))
+            }
+            None => RedisError::String(format!(
+                "{NOT_AN_INTEGER}: got '{got_text}'{hint}. Usage: {usage}"
+            )),
+        }
+    }
+
+    /// When the key is one of the command's option keywords (`QUOTA.SET LIMIT 10 b:1`), the
+    /// likely cause of any error: says so.
+    fn key_as_option(&self, doc: &CommandDoc) -> Option<String> {
+        let key = self.all.get(1)?.as_slice();
+        doc.option(key)?;
+        Some(format!(
+            "the key was taken to be '{}': the key comes first",
+            printable_id(key)
+        ))
     }
 }
 

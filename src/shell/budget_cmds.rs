@@ -10,7 +10,7 @@ use crate::core::ledger::{
 use crate::core::period::{Period, PeriodKind};
 use crate::core::window::Window;
 use crate::shell::apply::{apply_and_propagate, Counts};
-use crate::shell::args::{check_id, syntax_error, Args};
+use crate::shell::args::{check_id, Args};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
 use crate::shell::key::ModuleKey;
@@ -126,7 +126,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     if nx && xx {
@@ -176,7 +176,9 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Ok(RedisValue::Integer(0));
     }
     let Some(limit) = limit else {
-        return Err(RedisError::Str("ERR LIMIT is required to create a budget"));
+        return Err(RedisError::Str(
+            "ERR LIMIT is required to create a budget: QUOTA.SET key LIMIT n [option ...] (see QUOTA.HELP)",
+        ));
     };
     let settings = Settings {
         limit,
@@ -304,7 +306,7 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let t = a.next_bytes()?;
         match parse_at(&mut a, t)? {
             Some(v) => at = v,
-            None => return Err(syntax_error(t)),
+            None => return Err(a.unexpected(t)),
         }
     }
     let info = match with_budget(ctx, key_name, at, |b, now| {
@@ -389,7 +391,7 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     let policy = config::policy();
@@ -455,7 +457,7 @@ fn key_id_tail<'a>(a: &mut Args<'a>, with_num: bool) -> Result<KeyIdArgs<'a>, Re
         let t = a.next_bytes()?;
         match parse_at(a, t)? {
             Some(v) => at = v,
-            None => return Err(syntax_error(t)),
+            None => return Err(a.unexpected(t)),
         }
     }
     Ok(KeyIdArgs { key, id, num, at })
@@ -567,7 +569,7 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     let policy = config::policy();
@@ -624,7 +626,7 @@ pub fn quota_pending(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     if count > MAX_PENDING_COUNT {

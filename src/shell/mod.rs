@@ -9,6 +9,7 @@ pub mod budget_cmds;
 pub mod budget_type;
 pub mod clock;
 pub mod command;
+pub mod command_docs;
 pub mod config;
 pub mod effects;
 pub mod events;

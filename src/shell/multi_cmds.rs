@@ -19,7 +19,7 @@ use crate::core::ledger::Budget;
 use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
 use crate::core::window::Window;
 use crate::shell::apply::apply_and_propagate;
-use crate::shell::args::{check_id, syntax_error, Args};
+use crate::shell::args::{check_id, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
@@ -76,7 +76,7 @@ fn parse_at_only(a: &mut Args) -> Result<Option<i64>, RedisError> {
         if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     Ok(at)
@@ -240,7 +240,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     let wall = clock::command_ms(at)?;

@@ -15,7 +15,7 @@ use redis_module::RedisValue;
 use crate::core::window::{
     Window, WindowConfig, WindowDecision, WindowEffect, WindowError, WindowParams, MAX_WINDOW_MS,
 };
-use crate::shell::args::{syntax_error, Args};
+use crate::shell::args::Args;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::{error_reply, reply_array, reply_fields, Field, Item};
 use crate::shell::window_type::WINDOW_TYPE;
@@ -59,7 +59,7 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
     });
     let (limit, window_ms) = if explicit {
         if args.len() < 4 {
-            return Err(RedisError::WrongArity);
+            return Err(a.wrong_arity());
         }
         (a.next_i64()?, a.next_i64()?)
     } else {
@@ -87,7 +87,7 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(syntax_error(t));
+            return Err(a.unexpected(t));
         }
     }
     let params = if explicit {
@@ -242,7 +242,7 @@ pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) 
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(args.next_i64()?);
         } else {
-            return Err(syntax_error(t));
+            return Err(args.unexpected(t));
         }
     }
     if nx && xx {
