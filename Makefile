@@ -3,28 +3,23 @@
 
 CARGO   ?= cargo
 PORT    ?= 6379
+CLUSTER_PORT ?= 30001
+REDIS_SERVER ?= redis-server
 MODULE_DEBUG   := target/debug/libredis_quota.so
 MODULE_RELEASE := target/release/libredis_quota.so
-APT_PACKAGES   := redis-server libclang-dev postgresql
+# The integration suite runs once on each; the first also runs the unit and property tests.
+TEST_SERVERS   ?= redis-server valkey-server
+# Test files that start servers (the others are pure unit/property tests: run once).
+SERVER_TESTS   := $(sort $(basename $(notdir $(shell grep -lE '^mod (common|reliability);' tests/*.rs))))
 
-.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak clean venv pytest pylint gateway
+.PHONY: deps build release run test unit integration demo lint fmt bench fuzz soak cluster clean venv pytest pylint gateway
 
-## deps: install redis-server, libclang-dev (bindgen needs it) and postgresql (quota-export's
-## tests start a throwaway PostgreSQL server) if they are missing.
+## deps: install what is missing (scripts/deps.sh: redis-server, valkey-server from
+## bookworm-backports on Debian 12, libclang-dev for bindgen, postgresql, python3-venv).
 deps:
-	@missing=""; \
-	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
-	{ dpkg -s libclang-dev >/dev/null 2>&1 || ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1; } || missing="$$missing libclang-dev"; \
-	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "deps: installing$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
-	  else \
-	    echo "deps: missing$$missing — run: sudo apt-get install -y $(APT_PACKAGES)"; exit 1; \
-	  fi; \
-	fi
+	@scripts/deps.sh
 	@redis-server --version
+	@valkey-server --version
 
 ## build: the debug module (target/debug/libredis_quota.so).
 build: deps
@@ -33,21 +28,40 @@ build: deps
 release: deps
 	$(CARGO) build --release
 
-## run: Redis in the foreground with the release module and redis.conf.example (PORT=6379),
-## in a fresh temp dir each time (its AOF is not reused: every run starts empty).
+## run: Redis (or REDIS_SERVER=valkey-server) in the foreground with the release module and
+## redis.conf.example (PORT=6379), in a fresh temp dir each time (its AOF is not reused: every
+## run starts empty).
 run: release
 	@set -e; dir=$$(mktemp -d -t redis-quota-run.XXXXXX); trap 'rm -rf "$$dir"' EXIT; \
 	sed 's#^loadmodule \./#loadmodule $(CURDIR)/#' redis.conf.example > $$dir/redis.conf; \
 	echo "make run: a fresh server; its data (AOF) goes to $$dir, removed when it stops"; \
-	redis-server $$dir/redis.conf --port $(PORT) --dir $$dir & pid=$$!; \
+	$(REDIS_SERVER) $$dir/redis.conf --port $(PORT) --dir $$dir & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null || true' INT TERM HUP; \
 	while kill -0 $$pid 2>/dev/null; do wait $$pid || true; done
 
-## test: everything — unit, property and integration tests (each starts its own redis-server),
-## and quota-export's (exporter/: a SQLite file and a throwaway PostgreSQL server).
+## test: everything — unit and property tests, then the integration suite (each test starts its
+## own servers, tests/cluster.rs a 3+3 cluster) and the Python tests (make pytest) once per
+## server in TEST_SERVERS; quota-export's tests (exporter/: a SQLite file and a throwaway
+## PostgreSQL server) once, against the first server.
 test: build
-	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test --workspace -- --test-threads=2
-	$(MAKE) --no-print-directory pytest
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test -p quota-export -- --test-threads=2
+	@set -e; first=1; for server in $(TEST_SERVERS); do \
+	  echo "== make test: $$server ($$($$server --version | cut -d' ' -f1-3))"; \
+	  if [ $$first = 1 ]; then \
+	    QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) REDIS_SERVER=$$server $(CARGO) test -- --test-threads=2; \
+	  else \
+	    QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) REDIS_SERVER=$$server \
+	      $(CARGO) test $(addprefix --test ,$(SERVER_TESTS)) -- --test-threads=2; \
+	  fi; \
+	  REDIS_SERVER=$$server $(MAKE) --no-print-directory pytest; \
+	  first=0; \
+	done
+
+## cluster: a 3-master + 3-replica cluster on loopback with the release module, for trying it
+## out (scripts/cluster.sh; PORT=first port, default 30001; REDIS_SERVER=valkey-server for
+## Valkey). Prints how to connect; Ctrl-C stops it and removes its data.
+cluster: release
+	@REDIS_SERVER=$(REDIS_SERVER) PORT=$(CLUSTER_PORT) scripts/cluster.sh $(CURDIR)/$(MODULE_RELEASE)
 
 ## demo: replay the Azure LLM inference trace through the module in the trace's own time, sped
 ## up SPEED times (default 60: about a minute); writes the SVG report to REPORT (see

@@ -1,4 +1,4 @@
-//! The redis-server a benchmark phase runs against: started on a free port with the module,
+//! The server (`$REDIS_SERVER`, default redis-server) a benchmark phase runs against: started on a free port with the module,
 //! no persistence, a temp dir; killed and removed on drop. Plus `INFO` parsing helpers.
 
 use std::collections::HashMap;
@@ -8,6 +8,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::Result;
+
+/// The server binary: `$REDIS_SERVER` (e.g. `valkey-server`), else `redis-server`.
+pub fn server_bin() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
 
 /// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
 /// to `--dir` before loading modules).
@@ -67,7 +75,7 @@ impl Server {
             .port();
         let mut load = vec![module.display().to_string()];
         load.extend(module_args.iter().map(|s| s.to_string()));
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_bin());
         if let Some(extra) = extra {
             cmd.arg("--loadmodule").arg(extra);
         }
@@ -89,7 +97,12 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run redis-server ({e}): install it with `make deps`"))?;
+            .map_err(|e| {
+                format!(
+                    "cannot run {} ({e}): install it with `make deps`",
+                    server_bin()
+                )
+            })?;
         let mut server = Server { port, dir, child };
         server.wait_ready()?;
         Ok(server)
@@ -112,7 +125,8 @@ impl Server {
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!(
-                    "redis-server exited at startup ({status}); its log:\n{}",
+                    "{} exited at startup ({status}); its log:\n{}",
+                    server_bin(),
                     self.log()
                 )
                 .into());
@@ -125,7 +139,8 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         Err(format!(
-            "redis-server did not answer on port {} within 10 s; its log:\n{}",
+            "{} did not answer on port {} within 10 s; its log:\n{}",
+            server_bin(),
             self.port,
             self.log()
         )

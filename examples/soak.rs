@@ -81,6 +81,14 @@ fn env_f64(name: &str, default: f64) -> f64 {
 // Servers.
 // ---------------------------------------------------------------------------------------------
 
+/// The server binary: `$REDIS_SERVER` (e.g. `valkey-server`), else `redis-server`.
+fn server_bin() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
 fn module_path() -> Result<PathBuf, String> {
     let path = match std::env::var_os("QUOTA_MODULE") {
         Some(p) => PathBuf::from(p),
@@ -145,12 +153,12 @@ impl Server {
     }
 
     fn launch(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(server_bin())
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (make deps)");
+            .unwrap_or_else(|e| panic!("cannot run {} ({e}): make deps", server_bin()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {

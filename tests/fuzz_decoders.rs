@@ -26,7 +26,9 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 
 use redis_quota::core::book::Id;
 use redis_quota::core::error::LedgerError;
-use redis_quota::core::ledger::{Budget, Effect, Policy, ReserveReply, Settings, UsageLog};
+use redis_quota::core::ledger::{
+    Budget, Effect, OnExpire, Policy, ReserveReply, Settings, UsageLog,
+};
 use redis_quota::core::period::{Period, PeriodKind};
 use redis_quota::core::window::{IdPlan, Window, WindowConfig, WindowEffect, WindowParams};
 use redis_quota::shell::effects;
@@ -188,14 +190,33 @@ fn budget() -> impl Strategy<Value = (Budget, i64)> {
             proptest::collection::vec(any::<u8>(), 1..40),
             0i64..2_000_000,
         )),
+        // Expiry policy and unit: heartbeats and expiry charges in the encoding.
+        prop_oneof![
+            Just((OnExpire::Release, None)),
+            Just((OnExpire::Charge, Some(1000))),
+            Just((OnExpire::Elapsed, Some(1))),
+            Just((OnExpire::Elapsed, Some(60_000))),
+        ],
     )
         .prop_map(
-            |(limit, overdraft, max_reserve, ttl, period, keep_ms, ops, usage)| {
+            |(
+                limit,
+                overdraft,
+                max_reserve,
+                ttl,
+                period,
+                keep_ms,
+                ops,
+                usage,
+                (on_expire, unit_ms),
+            )| {
                 let settings = Settings {
                     limit,
                     overdraft,
                     max_reserve,
                     default_ttl_ms: ttl,
+                    on_expire,
+                    unit_ms,
                 };
                 let mut now = T0;
                 let create = Budget::plan_create(now, settings, 0, period).unwrap();
@@ -465,7 +486,7 @@ fn check_budget(b: Budget, times: &[i64]) -> Result<(), TestCaseError> {
         let listed: i128 = b
             .pending(t, usize::MAX)
             .iter()
-            .map(|p| i128::from(p.1))
+            .map(|p| i128::from(p.amount))
             .sum();
         prop_assert_eq!(listed, i128::from(v.reserved));
         let _ = b.retry_after(t, 1);
@@ -705,6 +726,12 @@ fn effect() -> impl Strategy<Value = Effect> {
                         overdraft,
                         max_reserve,
                         default_ttl_ms: ttl,
+                        on_expire: if used % 2 == 0 {
+                            OnExpire::Release
+                        } else {
+                            OnExpire::Elapsed
+                        },
+                        unit_ms: Some(1000),
                     },
                     used,
                     period,
@@ -720,7 +747,24 @@ fn effect() -> impl Strategy<Value = Effect> {
         (id.clone(), n.clone()).prop_map(|(id, actual)| Effect::Settle { id, actual }),
         (id.clone(), n.clone()).prop_map(|(id, actual)| Effect::SettleLate { id, actual }),
         id.clone().prop_map(|id| Effect::Rollback { id }),
-        id.clone().prop_map(|id| Effect::Release { id }),
+        // RELEASE never carries a charge (the wire form has none to carry).
+        (id.clone(), n.clone()).prop_map(|(id, charge)| match charge % 3 {
+            0 => Effect::Release {
+                id,
+                on_expire: OnExpire::Release,
+                charge: 0,
+            },
+            1 => Effect::Release {
+                id,
+                on_expire: OnExpire::Charge,
+                charge,
+            },
+            _ => Effect::Release {
+                id,
+                on_expire: OnExpire::Elapsed,
+                charge,
+            },
+        }),
         (id.clone(), n.clone()).prop_map(|(id, deadline_ms)| Effect::Extend { id, deadline_ms }),
         (
             n.clone(),

@@ -307,6 +307,17 @@ impl Fuzzer {
                         a.extend([b("STREAMMAXLEN"), n(self.rng.below(50) as i64)]);
                     }
                 }
+                if self.rng.one_in(4) {
+                    // ELAPSED without a unit is refused (ERR): both happen.
+                    let p = *self.rng.pick(&["RELEASE", "CHARGE", "ELAPSED"]);
+                    a.extend([b("ONEXPIRE"), b(p)]);
+                }
+                if self.rng.one_in(4) {
+                    a.extend([
+                        b("UNIT"),
+                        b(self.rng.pick::<&str>(&["ms", "s", "min", "NONE"])),
+                    ]);
+                }
                 if self.rng.one_in(10) {
                     a.push(b(self.rng.pick::<&str>(&["NX", "XX"])));
                 }
@@ -322,12 +333,20 @@ impl Fuzzer {
                 if self.rng.one_in(2) {
                     a.extend([b("TTL"), n(1 + self.rng.below(3_000) as i64)]);
                 }
+                if self.rng.one_in(5) {
+                    a.extend([b("KEEP"), n(self.rng.below(5_000) as i64)]);
+                }
                 a
             }
             31..=45 => {
                 let (k, key) = self.budget_key();
                 let id = self.known_id(k);
-                vec![b("QUOTA.SETTLE"), key, id, n(self.rng.below(6_000) as i64)]
+                let actual = if self.rng.one_in(4) {
+                    b("ELAPSED")
+                } else {
+                    n(self.rng.below(6_000) as i64)
+                };
+                vec![b("QUOTA.SETTLE"), key, id, actual]
             }
             46..=52 => {
                 let (k, key) = self.budget_key();
@@ -352,6 +371,9 @@ impl Fuzzer {
                 }
                 if self.rng.one_in(3) {
                     a.push(b("FORCE"));
+                }
+                if self.rng.one_in(5) {
+                    a.extend([b("KEEP"), n(self.rng.below(5_000) as i64)]);
                 }
                 a
             }
@@ -613,8 +635,8 @@ fn shape_ok(name: &str, v: &Value) -> bool {
         // A budget's 15 fields or a window key's 7.
         "QUOTA.INFO" => match v {
             Value::Nil => true,
-            Value::Array(a) => a.len() == 30 || a.len() == 14,
-            Value::Map(m) => m.len() == 15 || m.len() == 7,
+            Value::Array(a) => a.len() == 34 || a.len() == 14,
+            Value::Map(m) => m.len() == 17 || m.len() == 7,
             _ => false,
         },
         "QUOTA.MRESERVE" => match v {
@@ -661,7 +683,7 @@ fn shape_ok(name: &str, v: &Value) -> bool {
         },
         "QUOTA.PENDING" => match v {
             Value::Array(a) => a.iter().all(|e| match e {
-                Value::Array(f) if f.len() == 4 => {
+                Value::Array(f) if f.len() == 6 => {
                     matches!(f[0], Value::BulkString(_)) && f[1..].iter().all(int)
                 }
                 _ => false,

@@ -84,6 +84,98 @@ fn budget_encoding_v1_still_loads() {
     assert_eq!((text(&r[0]), int(&r[2])), ("settled".into(), 722));
 }
 
+/// budget-v3.rdb: budget encoding 3 (expiry policy, unit, heartbeats, expiry charges), written
+/// by a debug build of issue 22 with `quota.test-clock yes sweep-effort 0`, T = 4102444800000
+/// (2100-01-01T00:00Z). Made with:
+///
+/// ```text
+/// QUOTA.SET v3 LIMIT 300 UNIT min PERIOD MONTH ONEXPIRE ELAPSED TTL 300000 AT T
+/// QUOTA.RESERVE v3 60 ID s1 AT T
+/// QUOTA.EXTEND v3 s1 300000 AT T+240000
+/// QUOTA.RESERVE v3 60 ID s2 AT T+1000            # runs at the key's time, T+240000
+/// QUOTA.EXTEND v3 s2 300000 AT T+481000
+/// QUOTA.EXTEND v3 s1 300000 AT T+500000
+/// QUOTA.RESERVE v3 10 ID s3 TTL 600000 AT T+790000  # releases s2: 241 s -> 5 min charged
+/// QUOTA.SET tok LIMIT 1000 ONEXPIRE CHARGE UNIT s AT T
+/// QUOTA.RESERVE tok 100 ID a TTL 10 AT T
+/// QUOTA.CHARGE tok 5 AT T+20                      # releases a: 100 charged
+/// SAVE
+/// ```
+#[test]
+fn budget_encoding_v3_loads() {
+    let rdb = include_bytes!("fixtures/budget-v3.rdb");
+    let s = Server::start_with_files(
+        &[],
+        &["test-clock", "yes", "sweep-effort", "0"],
+        &[("dump.rdb", rdb)],
+    );
+    let mut c = s.conn();
+    assert_eq!(keys(&mut c), ["tok", "v3"]);
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+    assert_eq!(
+        info_fields(&mut c, "v3", &t(790_000)),
+        pairs(&[
+            ("limit", "300"),
+            ("used", "5"),
+            ("reserved", "70"),
+            ("available", "225"),
+            ("overdraft", "0"),
+            ("max_reserve", "-1"),
+            ("default_ttl_ms", "300000"),
+            ("pending", "2"),
+            ("overrun", "0"),
+            ("period", "MONTH"),
+            ("tz", "UTC"),
+            ("period_start_ms", "4102444800000"),
+            ("period_end_ms", "4105123200000"),
+            ("on_expire", "ELAPSED"),
+            ("unit", "min"),
+            ("stream", ""),
+            ("stream_maxlen", "-1"),
+        ])
+    );
+    // Starts and last heartbeats survive (-1: none).
+    let p = items(&ok(&mut c, &["QUOTA.PENDING", "v3", "AT", &t(790_000)]));
+    let rows: Vec<(String, Vec<i64>)> = p
+        .iter()
+        .map(|r| {
+            let r = items(r);
+            (text(&r[0]), r[1..].iter().map(int).collect())
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "s1".to_string(),
+                vec![60, 790_000, 10_000, 4_102_444_800_000, 4_102_445_300_000]
+            ),
+            (
+                "s3".to_string(),
+                vec![10, 0, 600_000, 4_102_445_590_000, -1]
+            ),
+        ]
+    );
+    // s1 expires at T+800000 and is charged to its last heartbeat: 500 s -> 9 min.
+    assert_eq!(info_fields(&mut c, "v3", &t(800_000))[1].1, "14");
+    // The expiry charge of s2 (5) is remembered: a late settle replaces it.
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.SETTLE", "v3", "s2", "2", "AT", &t(790_001)],
+    ));
+    assert_eq!((text(&r[0]), int(&r[1])), ("late".to_string(), 2));
+    assert_eq!(info_fields(&mut c, "v3", &t(790_001))[1].1, "2");
+    // The CHARGE policy key: a's 100 were charged at expiry; 30 replaces them.
+    assert_eq!(info_fields(&mut c, "tok", &t(20))[1].1, "105");
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.SETTLE", "tok", "a", "30", "AT", &t(21)],
+    ));
+    assert_eq!(text(&r[0]), "late");
+    assert_eq!(info_fields(&mut c, "tok", &t(21))[1].1, "35");
+    assert_eq!(info_fields(&mut c, "tok", &t(21))[14].1, "s");
+}
+
 /// Every QUOTA.INFO field, integers and strings alike, in reply order.
 fn info_fields(c: &mut redis::Connection, key: &str, at: &str) -> Vec<(String, String)> {
     let v = ok(c, &["QUOTA.INFO", key, "AT", at]);
@@ -156,6 +248,8 @@ fn budget_encoding_v2_and_window_encoding_v1_still_load() {
             ("tz", "Europe/Paris"),
             ("period_start_ms", "4102441200000"),
             ("period_end_ms", "4102527600000"),
+            ("on_expire", "RELEASE"),
+            ("unit", "none"),
             ("stream", ""),
             ("stream_maxlen", "-1"),
         ])
@@ -218,6 +312,8 @@ fn budget_encoding_v2_and_window_encoding_v1_still_load() {
             ("tz", "America/New_York"),
             ("period_start_ms", "4102358400000"),
             ("period_end_ms", "4105036800000"),
+            ("on_expire", "RELEASE"),
+            ("unit", "none"),
             ("stream", ""),
             ("stream_maxlen", "-1"),
         ])
@@ -552,9 +648,9 @@ fn forged_effects_in_an_aof_are_refused() {
     assert_eq!((i["used"], i["reserved"], i["pending"]), (0, 2, 1));
 }
 
-/// budget-v3.rdb: budget encoding 3 (the usage log: stream key and MAXLEN), with the stream
-/// it logged to, written by a debug build at commit d1436c8 (branch `usage`) with
-/// `quota.test-clock yes` (T = 4102444800000):
+/// budget-v4.rdb: budget encoding 4 (the usage log: stream key and MAXLEN), with the stream
+/// it logged to, written by a debug build of branch `usage` merged with main at 53b1edc
+/// (encoding 3 being issue 22's) with `quota.test-clock yes` (T = 4102444800000):
 ///
 /// ```text
 /// QUOTA.SET {g}:b LIMIT 1000 USED 3 PERIOD DAY TZ Europe/Paris STREAM {g}:usage STREAMMAXLEN 500 AT T
@@ -566,8 +662,8 @@ fn forged_effects_in_an_aof_are_refused() {
 /// SAVE
 /// ```
 #[test]
-fn budget_encoding_v3_with_a_usage_log_still_loads() {
-    let rdb = include_bytes!("fixtures/budget-v3.rdb");
+fn budget_encoding_v4_with_a_usage_log_still_loads() {
+    let rdb = include_bytes!("fixtures/budget-v4.rdb");
     let s = Server::start_with_files(
         &[],
         &["test-clock", "yes", "sweep-effort", "0"],
@@ -582,11 +678,11 @@ fn budget_encoding_v3_with_a_usage_log_still_loads() {
         pairs(&[("used", "130"), ("reserved", "50")])[..]
     );
     assert_eq!(
-        fields[13..],
+        fields[15..],
         pairs(&[("stream", "{g}:usage"), ("stream_maxlen", "500")])[..]
     );
     assert_eq!(
-        info_fields(&mut c, "plain", &t(5))[13..],
+        info_fields(&mut c, "plain", &t(5))[15..],
         pairs(&[("stream", ""), ("stream_maxlen", "-1")])[..]
     );
     assert_eq!(int(&ok(&mut c, &["XLEN", "{g}:usage"])), 3);

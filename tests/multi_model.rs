@@ -271,12 +271,7 @@ enum Key {
 }
 
 fn new_budget(limit: i64, now: i64) -> Budget {
-    let settings = Settings {
-        limit,
-        overdraft: 0,
-        max_reserve: None,
-        default_ttl_ms: 1000,
-    };
+    let settings = Settings::plain(limit, 0, None, 1000);
     let configure = Budget::plan_create(now, settings, 0, Period::none()).unwrap();
     let mut b = Budget::new(settings, now);
     b.apply(now, &configure).unwrap();

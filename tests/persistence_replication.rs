@@ -33,21 +33,28 @@ impl Rng {
 fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
     let mut rng = Rng(seed | 1);
     let keys = ["tenant:a", "tenant:b", "tenant:{c}", "bin\u{1}key"];
+    // Each key its expiry policy and unit: expiries charge in full, by the time to the last
+    // heartbeat (EXTEND), or nothing; SETTLE ELAPSED needs a unit.
+    let policies: [&[&str]; 4] = [
+        &["ONEXPIRE", "CHARGE", "UNIT", "s"],
+        &["ONEXPIRE", "ELAPSED", "UNIT", "ms"],
+        &["UNIT", "ms"],
+        &[],
+    ];
     let mut ids: Vec<(usize, String)> = Vec::new();
-    for k in keys {
-        ok(
-            c,
-            &[
-                "QUOTA.SET",
-                k,
-                "LIMIT",
-                "5000",
-                "OVERDRAFT",
-                "50",
-                "TTL",
-                "40",
-            ],
-        );
+    for (k, extra) in keys.iter().zip(policies) {
+        let mut set = vec![
+            "QUOTA.SET",
+            k,
+            "LIMIT",
+            "5000",
+            "OVERDRAFT",
+            "50",
+            "TTL",
+            "40",
+        ];
+        set.extend_from_slice(extra);
+        ok(c, &set);
     }
     for i in 0..ops {
         let k = rng.below(keys.len() as u64) as usize;
@@ -56,11 +63,17 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
             0..=3 => {
                 let amount = (rng.below(300)).to_string();
                 let ttl = (5 + rng.below(55)).to_string();
-                let r = if rng.below(3) == 0 {
-                    let id = format!("user-{i}");
-                    q(c, &["QUOTA.RESERVE", key, &amount, "ID", &id, "TTL", &ttl])
-                } else {
-                    q(c, &["QUOTA.RESERVE", key, &amount, "TTL", &ttl])
+                let keep = (200 + rng.below(2000)).to_string();
+                let r = match rng.below(4) {
+                    0 => {
+                        let id = format!("user-{i}");
+                        q(c, &["QUOTA.RESERVE", key, &amount, "ID", &id, "TTL", &ttl])
+                    }
+                    1 => q(
+                        c,
+                        &["QUOTA.RESERVE", key, &amount, "TTL", &ttl, "KEEP", &keep],
+                    ),
+                    _ => q(c, &["QUOTA.RESERVE", key, &amount, "TTL", &ttl]),
                 };
                 if let Ok(Value::Array(a)) = r {
                     if let Value::BulkString(id) = &a[1] {
@@ -70,10 +83,12 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
             }
             4..=5 if !ids.is_empty() => {
                 let (k, id) = ids[rng.below(ids.len() as u64) as usize].clone();
-                let _ = q(
-                    c,
-                    &["QUOTA.SETTLE", keys[k], &id, &rng.below(400).to_string()],
-                );
+                let actual = if rng.below(3) == 0 {
+                    "ELAPSED".to_string()
+                } else {
+                    rng.below(400).to_string()
+                };
+                let _ = q(c, &["QUOTA.SETTLE", keys[k], &id, &actual]);
             }
             6 if !ids.is_empty() => {
                 let (k, id) = ids[rng.below(ids.len() as u64) as usize].clone();
@@ -87,7 +102,7 @@ fn workload(c: &mut redis::Connection, seed: u64, ops: usize) {
                 let amount = rng.below(100).to_string();
                 let id = format!("charge-{}", rng.below(50));
                 if rng.below(2) == 0 {
-                    let _ = q(c, &["QUOTA.CHARGE", key, &amount, "ID", &id]);
+                    let _ = q(c, &["QUOTA.CHARGE", key, &amount, "ID", &id, "KEEP", "100"]);
                 } else {
                     let _ = q(c, &["QUOTA.CHARGE", key, &amount, "FORCE"]);
                 }

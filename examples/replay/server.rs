@@ -8,6 +8,14 @@ use std::time::{Duration, Instant};
 
 use super::Result;
 
+/// The server binary: `$REDIS_SERVER` (e.g. `valkey-server`), else `redis-server`.
+pub fn server_bin() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
 /// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
 /// to `--dir` before loading modules).
 pub fn module_path() -> Result<PathBuf> {
@@ -42,7 +50,7 @@ impl Server {
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("cannot find a free port: {e}"))?
             .port();
-        let child = Command::new("redis-server")
+        let child = Command::new(server_bin())
             .arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -60,7 +68,12 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run redis-server ({e}): install it with `make deps`"))?;
+            .map_err(|e| {
+                format!(
+                    "cannot run {} ({e}): install it with `make deps`",
+                    server_bin()
+                )
+            })?;
         let mut server = Server {
             port,
             module: module.to_path_buf(),
@@ -79,7 +92,8 @@ impl Server {
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!(
-                    "redis-server exited at startup ({status}); its log:\n{}",
+                    "{} exited at startup ({status}); its log:\n{}",
+                    server_bin(),
                     self.log()
                 )
                 .into());
@@ -92,7 +106,8 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         Err(format!(
-            "redis-server did not answer on port {} within 10 s; its log:\n{}",
+            "{} did not answer on port {} within 10 s; its log:\n{}",
+            server_bin(),
             self.port,
             self.log()
         )

@@ -5,8 +5,10 @@
 //! # Layout (why it is small)
 //!
 //! Each entry is stored once, packed, in one of two slabs addressed by `u32` handles: a pending
-//! reservation in 41 bytes (id up to 16 bytes inline, amount, created, deadline), a finished id
-//! in 33 bytes (id, outcome, value, finish time). Slabs grow in chunks of about 5 KiB (one
+//! reservation in 49 bytes (id up to 16 bytes inline, amount, created, deadline, last
+//! heartbeat), a finished id in 33 bytes (id, outcome, value, finish time). An expiry that
+//! charged part of its amount (`ONEXPIRE ELAPSED`: a crashed, time-metered session) needs two
+//! numbers; it keeps them in a side table, so no other finished id pays for them. Slabs grow in chunks of about 5 KiB (one
 //! jemalloc size class, no doubling slack). A removed entry leaves a hole that the next insert
 //! fills; holes are linked through their own bytes and kept at most about as many as the
 //! entries by compacting a step or two per removal (the tail entry moves into a hole and its
@@ -45,6 +47,41 @@ pub struct Reservation {
     pub created_ms: i64,
     /// It expires when `now >= deadline_ms`.
     pub deadline_ms: i64,
+    /// The last heartbeat (EXTEND); `created_ms` if it never had one.
+    pub heartbeat_ms: i64,
+}
+
+impl Reservation {
+    /// A reservation granted at `created_ms` that never had a heartbeat.
+    pub fn new(amount: i64, created_ms: i64, deadline_ms: i64) -> Reservation {
+        Reservation {
+            amount,
+            created_ms,
+            deadline_ms,
+            heartbeat_ms: created_ms,
+        }
+    }
+
+    /// The time from the grant to the last heartbeat in units of `unit_ms`, rounded up once,
+    /// at most `amount`: what an `ONEXPIRE ELAPSED` expiry charges. 0 without a heartbeat or a
+    /// unit (`unit_ms <= 0`).
+    pub fn elapsed_charge(&self, unit_ms: i64) -> i64 {
+        ceil_units(self.heartbeat_ms.saturating_sub(self.created_ms), unit_ms).min(self.amount)
+    }
+}
+
+/// `ms` in units of `unit_ms`, rounded up; 0 for `ms <= 0` or `unit_ms <= 0`. Never overflows:
+/// the quotient is at most `ms`.
+pub fn ceil_units(ms: i64, unit_ms: i64) -> i64 {
+    if ms <= 0 || unit_ms <= 0 {
+        return 0;
+    }
+    let q = ms.checked_div(unit_ms).unwrap_or(0);
+    if ms.checked_rem(unit_ms).unwrap_or(0) == 0 {
+        q
+    } else {
+        q.saturating_add(1)
+    }
 }
 
 /// How a finished id ended.
@@ -54,8 +91,9 @@ pub enum Outcome {
     Settled { actual: i64, late: bool },
     /// Rolled back; `amount` was released.
     RolledBack { amount: i64 },
-    /// Expired; `amount` was released.
-    Expired { amount: i64 },
+    /// Expired; `amount` was released and `charged` of it charged to `used` (0 under
+    /// `ONEXPIRE RELEASE`, or when the charge fell in a period already reset).
+    Expired { amount: i64, charged: i64 },
     /// A one-phase CHARGE with this id charged `amount`.
     Charged { amount: i64 },
 }
@@ -71,20 +109,26 @@ impl Outcome {
         }
     }
 
-    /// (kind code, value) as stored in a finished slot.
-    fn pack(&self) -> (u8, i64) {
-        match *self {
+    /// (kind code, value) as stored in a finished slot; `None`: an expiry that charged part
+    /// of its amount, kept in the side table ([`KIND_EXPIRED_PART`]).
+    fn pack(&self) -> Option<(u8, i64)> {
+        Some(match *self {
             Outcome::Settled {
                 actual,
                 late: false,
             } => (0, actual),
             Outcome::Settled { actual, late: true } => (1, actual),
             Outcome::RolledBack { amount } => (2, amount),
-            Outcome::Expired { amount } => (3, amount),
+            Outcome::Expired { amount, charged: 0 } => (3, amount),
+            Outcome::Expired { amount, charged } if charged == amount => {
+                (KIND_EXPIRED_FULL, amount)
+            }
+            Outcome::Expired { .. } => return None,
             Outcome::Charged { amount } => (4, amount),
-        }
+        })
     }
 
+    /// The outcome of kind code `kind` with `value` (not [`KIND_EXPIRED_PART`]).
     fn unpack(kind: u8, value: i64) -> Outcome {
         match kind {
             0 => Outcome::Settled {
@@ -96,7 +140,14 @@ impl Outcome {
                 late: true,
             },
             2 => Outcome::RolledBack { amount: value },
-            3 => Outcome::Expired { amount: value },
+            3 => Outcome::Expired {
+                amount: value,
+                charged: 0,
+            },
+            KIND_EXPIRED_FULL => Outcome::Expired {
+                amount: value,
+                charged: value,
+            },
             _ => Outcome::Charged { amount: value },
         }
     }
@@ -126,16 +177,21 @@ const LEN_MASK: u8 = 0x1f;
 const LONG: u8 = LEN_MASK;
 /// High bits of `meta` in a finished slot: the outcome kind.
 const KIND_SHIFT: u32 = 5;
+/// Kind code of an expiry that charged its whole amount (`value`: the amount).
+const KIND_EXPIRED_FULL: u8 = 5;
+/// Kind code of an expiry that charged part of its amount: `value` is the index of
+/// `(amount, charged, id)` in [`Store::wide`]. (Kind 7 with a long id would read as a hole.)
+const KIND_EXPIRED_PART: u8 = 6;
 /// Handles are below this (31 bits), as when both kinds shared one id index.
 const HANDLE_LIMIT: u32 = 1 << 31;
-/// Slots per slab chunk: 124 × 41 = 5084 and 155 × 33 = 5115 bytes, each within the 5120-byte
+/// Slots per slab chunk: 104 × 49 = 5096 and 155 × 33 = 5115 bytes, each within the 5120-byte
 /// jemalloc class.
-const PENDING_CHUNK: usize = 124;
+const PENDING_CHUNK: usize = 104;
 const FINISHED_CHUNK: usize = 155;
 /// Capacity of a slab's first chunk when it is created; it doubles up to the chunk size.
 const FIRST_CHUNK: usize = 4;
 
-/// A pending reservation, packed (41 bytes, no padding).
+/// A pending reservation, packed (49 bytes, no padding).
 #[derive(Clone, Copy, Debug)]
 struct PendingSlot {
     id: [u8; INLINE],
@@ -143,6 +199,7 @@ struct PendingSlot {
     amount: [u8; 8],
     created: [u8; 8],
     deadline: [u8; 8],
+    heartbeat: [u8; 8],
 }
 
 /// A finished id, packed (33 bytes, no padding).
@@ -171,7 +228,7 @@ fn set_long_index(bytes: &mut [u8; INLINE], index: u32) {
 }
 
 /// `meta` of a slot that is a hole (no entry: neither kind of slot can have it, since ids are
-/// at most [`LONG`] long and finished kinds are below 5).
+/// at most [`LONG`] long and finished kinds are below 7).
 const HOLE: u8 = 0xff;
 /// No handle (ends of the list of holes).
 const NIL: u32 = u32::MAX;
@@ -216,6 +273,7 @@ impl Slot for PendingSlot {
             amount: [0; 8],
             created: [0; 8],
             deadline: [0; 8],
+            heartbeat: [0; 8],
         }
     }
 }
@@ -247,6 +305,7 @@ impl PendingSlot {
             amount: i64_of(self.amount),
             created_ms: i64_of(self.created),
             deadline_ms: self.deadline(),
+            heartbeat_ms: i64_of(self.heartbeat),
         }
     }
 }
@@ -256,11 +315,15 @@ impl FinishedSlot {
         i64_of(self.finished)
     }
 
-    fn entry(&self) -> Finished {
-        Finished {
-            outcome: Outcome::unpack(self.meta >> KIND_SHIFT, i64_of(self.value)),
-            finished_ms: self.finished(),
-        }
+    fn kind(&self) -> u8 {
+        self.meta >> KIND_SHIFT
+    }
+
+    /// The side-table index of a [`KIND_EXPIRED_PART`] slot.
+    fn wide_index(&self) -> Option<u32> {
+        (self.kind() == KIND_EXPIRED_PART)
+            .then(|| u32::try_from(i64_of(self.value)).ok())
+            .flatten()
     }
 }
 
@@ -678,6 +741,12 @@ struct Store {
     pending: Slab<PendingSlot, PENDING_CHUNK>,
     finished: Slab<FinishedSlot, FINISHED_CHUNK>,
     longs: LongIds,
+    /// Expiries that charged part of their amount: `amount`, `charged` (8 bytes each, little
+    /// endian) then the id, at stable indexes ([`KIND_EXPIRED_PART`] slots name them). The id
+    /// lets compaction find the slot that names an entry it moves.
+    wide: LongIds,
+    /// The budget's UNIT in ms (0: none), with which the deadline index sums elapsed charges.
+    unit_ms: i64,
 }
 
 impl Store {
@@ -749,18 +818,70 @@ impl Store {
             self.longs.remove(long_index(bytes));
         }
     }
+
+    /// The finished entry of slot `s` (its outcome read from the side table if it is there).
+    fn finished_entry(&self, s: &FinishedSlot) -> Finished {
+        let outcome = match s.wide_index() {
+            Some(i) => {
+                let bytes = self.wide.get(i);
+                let num = |at: usize| {
+                    bytes
+                        .get(at..at.saturating_add(8))
+                        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                        .map_or(0, i64::from_le_bytes)
+                };
+                Outcome::Expired {
+                    amount: num(0),
+                    charged: num(8),
+                }
+            }
+            None => Outcome::unpack(s.kind(), i64_of(s.value)),
+        };
+        Finished {
+            outcome,
+            finished_ms: s.finished(),
+        }
+    }
+
+    /// `(kind, value)` to store `outcome` of `id` in a finished slot, adding it to the side
+    /// table if it needs two numbers. `None`: the table is full (2^32 entries).
+    fn encode_outcome(&mut self, outcome: Outcome, id: &[u8]) -> Option<(u8, i64)> {
+        if let Some(packed) = outcome.pack() {
+            return Some(packed);
+        }
+        let Outcome::Expired { amount, charged } = outcome else {
+            return None;
+        };
+        let mut bytes = Vec::with_capacity(id.len().saturating_add(16));
+        bytes.extend_from_slice(&amount.to_le_bytes());
+        bytes.extend_from_slice(&charged.to_le_bytes());
+        bytes.extend_from_slice(id);
+        let index = self.wide.add(&bytes)?;
+        Some((KIND_EXPIRED_PART, i64::from(index)))
+    }
+
+    /// Drops the side-table entry a finished slot names, if any.
+    fn release_outcome(&mut self, slot: &FinishedSlot) {
+        if let Some(i) = slot.wide_index() {
+            self.wide.remove(i);
+        }
+    }
 }
 
-/// What the deadline index sums below each node: the amount and number of the pending
-/// reservations there, so that those whose deadline has passed are summed in O(log n)
-/// ([`Book::expired`]). Wrapping arithmetic: exact whenever the true sum fits an i64, as any
-/// sum of pending amounts does (they sum to `reserved`), and it never panics on loaded data.
+/// What the deadline index sums below each node: the amount, number and elapsed charge of
+/// the pending reservations there, so that those whose deadline has passed are summed in
+/// O(log n) ([`Book::expired`]). Wrapping arithmetic: exact whenever the true sum fits an
+/// i64, as any sum of pending amounts does (they sum to `reserved`; an elapsed charge is at
+/// most its amount), and it never panics on loaded data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingSum {
     /// Units reserved.
     pub amount: i64,
     /// Reservations.
     pub count: u64,
+    /// What `ONEXPIRE ELAPSED` would charge them ([`Reservation::elapsed_charge`] with the
+    /// unit of [`Book::set_unit`]).
+    pub elapsed: i64,
 }
 
 impl Measure for PendingSum {
@@ -768,12 +889,14 @@ impl Measure for PendingSum {
         PendingSum {
             amount: self.amount.wrapping_add(other.amount),
             count: self.count.wrapping_add(other.count),
+            elapsed: self.elapsed.wrapping_add(other.elapsed),
         }
     }
     fn minus(self, other: Self) -> Self {
         PendingSum {
             amount: self.amount.wrapping_sub(other.amount),
             count: self.count.wrapping_sub(other.count),
+            elapsed: self.elapsed.wrapping_sub(other.elapsed),
         }
     }
 }
@@ -786,6 +909,7 @@ fn pending_measure(store: &Store) -> impl Fn(u32) -> PendingSum + '_ {
             .map_or(PendingSum::default(), |s| PendingSum {
                 amount: i64_of(s.amount),
                 count: 1,
+                elapsed: s.reservation().elapsed_charge(store.unit_ms),
             })
     }
 }
@@ -807,6 +931,7 @@ fn add_pending(
         amount: r.amount.to_le_bytes(),
         created: r.created_ms.to_le_bytes(),
         deadline: r.deadline_ms.to_le_bytes(),
+        heartbeat: r.heartbeat_ms.to_le_bytes(),
     };
     let h = store.pending.push(slot)?;
     let store = &*store;
@@ -827,27 +952,35 @@ fn add_finished(
     meta: u8,
     f: Finished,
 ) -> Option<u32> {
-    let (kind, value) = f.outcome.pack();
+    let id_bytes = store.id(&id, meta).to_vec();
+    let (kind, value) = store.encode_outcome(f.outcome, &id_bytes)?;
     let slot = FinishedSlot {
         id,
         meta: (meta & LEN_MASK) | (kind << KIND_SHIFT),
         value: value.to_le_bytes(),
         finished: f.finished_ms.to_le_bytes(),
     };
-    let h = store.finished.push(slot)?;
+    let Some(h) = store.finished.push(slot) else {
+        store.release_outcome(&slot);
+        return None;
+    };
     let store = &*store;
     let key = store.finished_key(h);
     by_finish.insert(h, |x| key.cmp(&store.finished_key(x)));
     Some(h)
 }
 
-/// A pending reservation's new values, in place (re-indexed if the deadline or the amount,
-/// which the index sums, changed).
+/// A pending reservation's new values, in place (re-indexed if the deadline, or what the
+/// index sums — the amount, the elapsed charge — changed).
 fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r: Reservation) {
     let Some(old) = store.pending_slot(h) else {
         return;
     };
-    let moved = old.deadline() != r.deadline_ms || i64_of(old.amount) != r.amount;
+    let old = old.reservation();
+    let moved = old.deadline_ms != r.deadline_ms
+        || old.amount != r.amount
+        || old.created_ms != r.created_ms
+        || old.heartbeat_ms != r.heartbeat_ms;
     if moved {
         let store = &*store;
         let key = store.pending_key(h);
@@ -857,6 +990,7 @@ fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r:
         slot.amount = r.amount.to_le_bytes();
         slot.created = r.created_ms.to_le_bytes();
         slot.deadline = r.deadline_ms.to_le_bytes();
+        slot.heartbeat = r.heartbeat_ms.to_le_bytes();
     }
     if moved {
         let store = &*store;
@@ -871,16 +1005,20 @@ fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r:
 
 /// A finished id's new outcome, in place (re-indexed if the finish time moved).
 fn update_finished(store: &mut Store, by_finish: &mut HTree, h: u32, f: Finished) {
-    let Some(old) = store.finished_slot(h) else {
+    let Some(&old) = store.finished_slot(h) else {
         return;
     };
+    let id_bytes = store.id(&old.id, old.meta).to_vec();
+    let Some((kind, value)) = store.encode_outcome(f.outcome, &id_bytes) else {
+        return;
+    };
+    store.release_outcome(&old);
     let moved = old.finished() != f.finished_ms;
     if moved {
         let store = &*store;
         let key = store.finished_key(h);
         by_finish.remove(|x| key.cmp(&store.finished_key(x)));
     }
-    let (kind, value) = f.outcome.pack();
     if let Some(slot) = store.finished.get_mut(h) {
         slot.meta = (slot.meta & LEN_MASK) | (kind << KIND_SHIFT);
         slot.value = value.to_le_bytes();
@@ -1070,7 +1208,9 @@ impl Book {
             return None;
         }
         let h = self.finished_ids.find(in_finished)?;
-        store.finished_slot(h).map(|s| Entry::Finished(s.entry()))
+        store
+            .finished_slot(h)
+            .map(|s| Entry::Finished(store.finished_entry(s)))
     }
 
     /// Is `id` known (pending or remembered)? An id above all (generated, or a growing client
@@ -1109,6 +1249,29 @@ impl Book {
             },
             &pending_measure(store),
         )
+    }
+
+    /// Sets the unit (ms; `None` or <= 0: none) with which [`PendingSum::elapsed`] is summed.
+    /// A change re-sums the deadline index: O(n log n) in the pending reservations, paid only
+    /// by a QUOTA.SET that changes UNIT.
+    pub fn set_unit(&mut self, unit_ms: Option<i64>) {
+        let unit_ms = unit_ms.unwrap_or(0).max(0);
+        if unit_ms == self.store.unit_ms {
+            return;
+        }
+        self.store.unit_ms = unit_ms;
+        let handles: Vec<u32> = self.by_deadline.iter().collect();
+        let store = &self.store;
+        let mut tree = DeadlineIndex::default();
+        for h in handles {
+            let key = store.pending_key(h);
+            tree.insert_measured(
+                h,
+                |x| key.cmp(&store.pending_key(x)),
+                &pending_measure(store),
+            );
+        }
+        self.by_deadline = tree;
     }
 
     /// The soonest deadline of a pending reservation.
@@ -1161,9 +1324,12 @@ impl Book {
             .finished_ids
             .iter()
             .filter_map(|h| {
-                store
-                    .finished_slot(h)
-                    .map(|s| (store.finished_id(h), Entry::Finished(s.entry())))
+                store.finished_slot(h).map(|s| {
+                    (
+                        store.finished_id(h),
+                        Entry::Finished(store.finished_entry(s)),
+                    )
+                })
             })
             .peekable();
         // A merge of the two id orders (an id is in one of them only).
@@ -1227,7 +1393,12 @@ impl Book {
                 false,
                 finished_ids.remove_if(
                     |h| id.cmp(st.finished_id(h)),
-                    |h| decide(st.finished_slot(h).map(|s| Entry::Finished(s.entry()))),
+                    |h| {
+                        decide(
+                            st.finished_slot(h)
+                                .map(|s| Entry::Finished(st.finished_entry(s))),
+                        )
+                    },
                 ),
             ),
             other => (true, other),
@@ -1271,7 +1442,9 @@ impl Book {
                 };
                 let st = &*store;
                 pending_ids.insert(h, |x| id.cmp(st.pending_id(x)));
-                take_finished(store, by_finish, finished_ids, old);
+                if let Some(slot) = take_finished(store, by_finish, finished_ids, old) {
+                    store.release_outcome(&slot);
+                }
             }
             _ => return Err(missing),
         }
@@ -1300,6 +1473,10 @@ impl Book {
                 }
                 soonest.deadline = earlier(soonest.deadline, b.deadline_ms);
             }
+        }
+        // An outcome replaced or moved out may have left a hole in the side table.
+        if matches!(current, Entry::Finished(_)) {
+            self.compact_wide();
         }
         Ok(())
     }
@@ -1356,7 +1533,9 @@ impl Book {
             return entry;
         }
         let h = self.finished_ids.remove(|h| id.cmp(store.finished_id(h)))?;
-        let entry = store.finished_slot(h).map(|s| Entry::Finished(s.entry()));
+        let entry = store
+            .finished_slot(h)
+            .map(|s| Entry::Finished(store.finished_entry(s)));
         if let Some(slot) = take_finished(
             &mut self.store,
             &mut self.by_finish,
@@ -1364,10 +1543,37 @@ impl Book {
             h,
         ) {
             self.store.release_id(&slot.id, slot.meta);
+            self.store.release_outcome(&slot);
         }
         self.soonest.finish = indexed_first_finish(&self.by_finish, &self.store);
         self.compact_long_ids();
+        self.compact_wide();
         entry
+    }
+
+    /// Up to two moves of the side table's tail entry into its lowest hole (as
+    /// [`Book::compact_long_ids`]): the finished slot naming it is found by its id.
+    fn compact_wide(&mut self) {
+        for _ in 0..2 {
+            let Some((from, to)) = self.store.wide.next_move() else {
+                return;
+            };
+            let id: Vec<u8> = self.store.wide.get(from).get(16..).unwrap_or(&[]).to_vec();
+            let store = &self.store;
+            let Some(h) = self
+                .finished_ids
+                .find(|h| id.as_slice().cmp(store.finished_id(h)))
+            else {
+                return;
+            };
+            let names_it = store.finished_slot(h).and_then(FinishedSlot::wide_index) == Some(from);
+            if !names_it || !self.store.wide.relocate(from, to) {
+                return;
+            }
+            if let Some(slot) = self.store.finished.get_mut(h) {
+                slot.value = i64::from(to).to_le_bytes();
+            }
+        }
     }
 
     /// Up to two moves of [`LongIds::next_move`]: the long id at the table's tail goes to its
@@ -1412,6 +1618,7 @@ impl Book {
         self.store.pending.allocations(&mut f);
         self.store.finished.allocations(&mut f);
         self.store.longs.allocations(&mut f);
+        self.store.wide.allocations(&mut f);
         for tree in [&self.pending_ids, &self.finished_ids, &self.by_finish] {
             tree.allocations(&mut f);
         }
@@ -1446,6 +1653,18 @@ impl Book {
             .check(|a, b| store.finished_key(a).cmp(&store.finished_key(b)))?;
         store.pending.check()?;
         store.finished.check()?;
+        let mut wide = 0usize;
+        for h in self.finished_ids.iter() {
+            if let Some(i) = store.finished_slot(h).and_then(FinishedSlot::wide_index) {
+                wide = wide.saturating_add(1);
+                if store.wide.get(i).get(16..) != Some(store.finished_id(h)) {
+                    return Err("a side-table entry names another id");
+                }
+            }
+        }
+        if wide != store.wide.live {
+            return Err("side-table entries and the slots naming them differ");
+        }
         if self.by_deadline.len() != store.pending.live()
             || self.by_finish.len() != store.finished.live()
             || self.pending_ids.len() != store.pending.live()
@@ -1491,23 +1710,30 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn pending(amount: i64, created_ms: i64, deadline_ms: i64) -> Entry {
-        Entry::Pending(Reservation {
-            amount,
-            created_ms,
-            deadline_ms,
-        })
+        Entry::Pending(Reservation::new(amount, created_ms, deadline_ms))
     }
 
     fn finished(kind: u8, value: i64, at: i64) -> Entry {
         Entry::Finished(Finished {
-            outcome: Outcome::unpack(kind % 5, value),
+            // Expiries charging nothing, all or part (the side table) of the amount.
+            outcome: match kind % 7 {
+                5 => Outcome::Expired {
+                    amount: value,
+                    charged: value,
+                },
+                6 => Outcome::Expired {
+                    amount: value,
+                    charged: value / 2,
+                },
+                k => Outcome::unpack(k % 5, value),
+            },
             finished_ms: at,
         })
     }
 
     #[test]
     fn slots_are_packed() {
-        assert_eq!(std::mem::size_of::<PendingSlot>(), 41);
+        assert_eq!(std::mem::size_of::<PendingSlot>(), 49);
         assert_eq!(std::mem::size_of::<FinishedSlot>(), 33);
         assert_eq!(crate::core::htree::LEAF_BYTES, 128);
     }
@@ -1524,11 +1750,26 @@ mod tests {
                 late: true,
             },
             Outcome::RolledBack { amount: 7 },
-            Outcome::Expired { amount: 0 },
+            Outcome::Expired {
+                amount: 0,
+                charged: 0,
+            },
+            Outcome::Expired {
+                amount: 9,
+                charged: 4,
+            },
             Outcome::Charged { amount: i64::MIN },
         ] {
-            let (k, v) = o.pack();
-            assert_eq!(Outcome::unpack(k, v), o);
+            match o.pack() {
+                Some((k, v)) => assert_eq!(Outcome::unpack(k, v), o),
+                None => assert_eq!(
+                    o,
+                    Outcome::Expired {
+                        amount: 9,
+                        charged: 4
+                    }
+                ),
+            }
         }
     }
 
@@ -1536,6 +1777,8 @@ mod tests {
     #[derive(Default)]
     struct Model {
         entries: BTreeMap<Vec<u8>, Entry>,
+        /// The unit the elapsed charges are summed with.
+        unit_ms: i64,
     }
 
     impl Model {
@@ -1582,29 +1825,32 @@ mod tests {
         );
         assert_eq!(book.first_finish(), model.by_finish().first().map(|x| x.0));
         // The expired sums at every deadline held, and either side of it.
-        let pending: Vec<(i64, i64)> = model
+        let pending: Vec<(i64, i64, i64)> = model
             .entries
             .values()
             .filter_map(|e| match e {
-                Entry::Pending(r) => Some((r.deadline_ms, r.amount)),
+                Entry::Pending(r) => {
+                    Some((r.deadline_ms, r.amount, r.elapsed_charge(model.unit_ms)))
+                }
                 _ => None,
             })
             .collect();
         let mut times = vec![i64::MIN, i64::MAX];
         let every = (pending.len() / 8).max(1);
-        for &(d, _) in pending.iter().step_by(every) {
+        for &(d, _, _) in pending.iter().step_by(every) {
             times.extend([d.saturating_sub(1), d, d.saturating_add(1)]);
         }
         for now in times {
-            let expired: Vec<i64> = pending
+            let expired: Vec<(i64, i64)> = pending
                 .iter()
-                .filter(|(d, _)| *d <= now)
-                .map(|(_, a)| *a)
+                .filter(|(d, _, _)| *d <= now)
+                .map(|(_, a, e)| (*a, *e))
                 .collect();
             let want = PendingSum {
                 // The book holds any amounts; a ledger's sum to `reserved` and never wrap.
-                amount: expired.iter().fold(0i64, |a, b| a.wrapping_add(*b)),
+                amount: expired.iter().fold(0i64, |a, b| a.wrapping_add(b.0)),
                 count: expired.len() as u64,
+                elapsed: expired.iter().fold(0i64, |a, b| a.wrapping_add(b.1)),
             };
             assert_eq!(book.expired(now), want, "at {now}");
         }
@@ -1639,13 +1885,17 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(96))]
         #[test]
         fn matches_the_btreemap_layout(ops in proptest::collection::vec(
-            (0u8..5, id_strategy(), -5i64..5, any::<i64>(), 0u8..5), 1..400)) {
+            (0u8..6, id_strategy(), -5i64..5, any::<i64>(), 0u8..7), 1..400)) {
             let mut book = Book::default();
             let mut model = Model::default();
             for (op, id, t, v, kind) in ops {
                 match op {
                     0 | 1 => {
-                        let e = pending(v, t.wrapping_sub(1), t);
+                        // A heartbeat 0..4 ms after the start.
+                        let e = Entry::Pending(Reservation {
+                            heartbeat_ms: t.wrapping_sub(1).wrapping_add(i64::from(kind)),
+                            ..Reservation::new(v, t.wrapping_sub(1), t)
+                        });
                         book.put(&id, e);
                         model.entries.insert(id, e);
                     }
@@ -1653,6 +1903,11 @@ mod tests {
                         let e = finished(kind, v, t);
                         book.put(&id, e);
                         model.entries.insert(id, e);
+                    }
+                    5 => {
+                        // A unit of 0 (none) to 4 ms: the elapsed sums are redone.
+                        book.set_unit(Some(i64::from(kind)));
+                        model.unit_ms = i64::from(kind);
                     }
                     4 if v % 3 == 0 => {
                         let e = if v % 2 == 0 { pending(v, t, t) } else { finished(kind, v, t) };
@@ -1688,6 +1943,56 @@ mod tests {
             same(&book, &model);
             prop_assert_eq!(book.heap_bytes(), 0);
         }
+    }
+
+    /// Expiries that charged part of their amount live in the side table: it follows them
+    /// (replaced outcomes and removals give entries back, compaction keeps it small).
+    #[test]
+    fn partial_expiry_charges_keep_their_side_table_small() {
+        let part = |i: i64| {
+            Entry::Finished(Finished {
+                outcome: Outcome::Expired {
+                    amount: 10 + i,
+                    charged: 3,
+                },
+                finished_ms: i,
+            })
+        };
+        let id = |i: i64| format!("{i:06}").into_bytes();
+        let mut book = Book::default();
+        let empty = book.heap_bytes();
+        for i in 0..3000 {
+            // Pending first, then expired with a partial charge (a move between the slabs).
+            assert!(book.insert(&id(i), pending(10 + i, 0, i)));
+            book.put(&id(i), part(i));
+        }
+        book.check().unwrap();
+        assert_eq!(book.get(&id(7)), Some(part(7)));
+        // A late settle replaces the outcome in place: its side entry is given back.
+        for i in (0..3000).step_by(2) {
+            book.put(
+                &id(i),
+                Entry::Finished(Finished {
+                    outcome: Outcome::Settled {
+                        actual: 1,
+                        late: true,
+                    },
+                    finished_ms: i,
+                }),
+            );
+        }
+        book.check().unwrap();
+        for i in (1..3000i32).step_by(2).rev().map(i64::from) {
+            assert_eq!(book.remove(&id(i)), Some(part(i)));
+            if i % 101 == 1 {
+                book.check().unwrap();
+            }
+        }
+        assert_eq!(book.store.wide.live, 0);
+        for i in (0..3000).step_by(2) {
+            assert!(book.remove(&id(i)).is_some());
+        }
+        assert_eq!(book.heap_bytes(), empty);
     }
 
     #[test]

@@ -22,8 +22,9 @@
 //! `0 <= used`, `0 <= reserved`, `used + reserved <= i64::MAX`,
 //! `reserved == sum(pending amounts)`, `available == limit - used - reserved`.
 
-use crate::core::book::{Book, Entry, Finished, Id, Outcome, Reservation};
+use crate::core::book::{ceil_units, Book, Entry, Finished, Id, Outcome, Reservation};
 use crate::core::error::LedgerError;
+use crate::core::htree::Measure;
 use crate::core::id::StreamId;
 use crate::core::period::Period;
 use smallvec::smallvec;
@@ -61,6 +62,64 @@ pub struct Settings {
     pub max_reserve: Option<i64>,
     /// Reservation TTL when RESERVE gives none (ms, > 0).
     pub default_ttl_ms: i64,
+    /// What an expired reservation is charged when it is released (`ONEXPIRE`).
+    pub on_expire: OnExpire,
+    /// The budget's unit of time in ms (`UNIT ms|s|min`: 1, 1000, 60000); `None`: plain units.
+    /// Needed by `SETTLE ... ELAPSED` and `ONEXPIRE ELAPSED`.
+    pub unit_ms: Option<i64>,
+}
+
+impl Settings {
+    /// Settings with plain units, expiries released for free (today's behaviour).
+    pub fn plain(
+        limit: i64,
+        overdraft: i64,
+        max_reserve: Option<i64>,
+        default_ttl_ms: i64,
+    ) -> Self {
+        Settings {
+            limit,
+            overdraft,
+            max_reserve,
+            default_ttl_ms,
+            on_expire: OnExpire::Release,
+            unit_ms: None,
+        }
+    }
+}
+
+/// The units of time a budget may count in (`UNIT`): ms, s, min.
+pub const UNITS_MS: [(&str, i64); 3] = [("ms", 1), ("s", 1000), ("min", 60_000)];
+
+/// What an expired, never-settled reservation costs when it is released (`ONEXPIRE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnExpire {
+    /// Nothing: its amount goes back to `available` (the default).
+    #[default]
+    Release,
+    /// Its whole held amount is charged to `used`.
+    Charge,
+    /// The time from its grant to its last heartbeat (EXTEND), in the budget's unit, rounded
+    /// up, at most the held amount; nothing without a heartbeat.
+    Elapsed,
+}
+
+impl OnExpire {
+    /// The name in commands, replies and the wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnExpire::Release => "RELEASE",
+            OnExpire::Charge => "CHARGE",
+            OnExpire::Elapsed => "ELAPSED",
+        }
+    }
+
+    /// Parses a name (any case).
+    pub fn parse(name: &[u8]) -> Option<OnExpire> {
+        [OnExpire::Release, OnExpire::Charge, OnExpire::Elapsed]
+            .into_iter()
+            .find(|p| name.eq_ignore_ascii_case(p.as_str().as_bytes()))
+    }
 }
 
 /// Default `STREAMMAXLEN` of a usage log: about this many entries are kept (approximate
@@ -139,9 +198,14 @@ pub enum Effect {
     SettleLate { id: Id, actual: i64 },
     /// pending → rolled back: reserved −= amount.
     Rollback { id: Id },
-    /// pending → expired: reserved −= amount.
-    Release { id: Id },
-    /// A pending reservation's new deadline.
+    /// pending → expired: reserved −= amount, used += charge (at most the amount; 0 under
+    /// `RELEASE`). `on_expire` is the policy that decided the charge (for events and counters).
+    Release {
+        id: Id,
+        on_expire: OnExpire,
+        charge: i64,
+    },
+    /// A pending reservation's new deadline; the step's time is its last heartbeat.
     Extend { id: Id, deadline_ms: i64 },
     /// used += amount; `overrun` is what went beyond available; `id` is remembered if given;
     /// `forced`: charged with FORCE (only the usage log tells it apart).
@@ -192,12 +256,31 @@ pub struct View {
 pub enum IdState {
     Unknown,
     Pending(Reservation),
-    /// Expired; `unreleased` while no Release effect has been applied yet.
+    /// Expired at `deadline_ms`; `charged`: what its expiry charges (or charged) to `used`
+    /// in the period containing the deadline; `unreleased` while no Release effect has been
+    /// applied yet.
     Expired {
         amount: i64,
+        charged: i64,
+        deadline_ms: i64,
         unreleased: bool,
     },
     Done(Outcome),
+}
+
+/// One line of QUOTA.PENDING.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingItem {
+    pub id: Id,
+    pub amount: i64,
+    /// ms since the grant.
+    pub age_ms: i64,
+    /// ms until it expires.
+    pub ttl_ms: i64,
+    /// When it was granted (unix ms).
+    pub start_ms: i64,
+    /// Its last heartbeat (EXTEND, unix ms); `None` if it had none after its grant's ms.
+    pub heartbeat_ms: Option<i64>,
 }
 
 /// RESERVE's answer.
@@ -297,6 +380,8 @@ fn sub(a: i64, b: i64) -> Result<i64, LedgerError> {
 impl Budget {
     /// An empty budget created at `at_ms` with `settings`; `used` = 0.
     pub fn new(settings: Settings, at_ms: i64) -> Self {
+        let mut book = Book::default();
+        book.set_unit(settings.unit_ms);
         Budget {
             settings,
             used: 0,
@@ -304,7 +389,7 @@ impl Budget {
             overrun: 0,
             clock_ms: at_ms,
             last_id: StreamId::ZERO,
-            book: Book::default(),
+            book,
             period: Period::none(),
             period_bounds: None,
             usage: None,
@@ -385,15 +470,21 @@ impl Budget {
     /// A denied RESERVE or CHARGE of `amount`: ms until the period ends if the amount would fit
     /// in a fresh period (used = 0, reservations still held), else −1.
     pub fn retry_after(&self, now: i64, amount: i64) -> i64 {
+        self.retry_after_keep(now, amount, None)
+    }
+
+    /// [`Budget::retry_after`] of a call with `KEEP keep`: the fresh period must also leave
+    /// `keep` available after the grant.
+    pub fn retry_after_keep(&self, now: i64, amount: i64, keep: Option<i64>) -> i64 {
         let Ok(Some((_, end))) = self.current_bounds(now) else {
             return -1;
         };
         let view = self.view(now);
         // Widened from i64: cannot saturate.
-        let fresh = i128::from(view.limit)
-            .saturating_sub(i128::from(view.reserved))
-            .saturating_add(i128::from(view.overdraft));
-        if i128::from(amount) <= fresh {
+        let room = i128::from(view.limit).saturating_sub(i128::from(view.reserved));
+        let fresh = room.saturating_add(i128::from(view.overdraft));
+        let kept = keep.is_none_or(|k| room.saturating_sub(i128::from(amount)) >= i128::from(k));
+        if i128::from(amount) <= fresh && kept {
             end.saturating_sub(now).max(0)
         } else {
             -1
@@ -430,12 +521,62 @@ impl Budget {
         )
     }
 
+    /// The start of the period containing `now` (`None` without a period).
+    fn period_start(&self, now: i64) -> Option<i64> {
+        self.current_bounds(now)
+            .unwrap_or(self.period_bounds)
+            .map(|(start, _)| start)
+    }
+
+    /// What the expiry of `r` charges when released at `now`: by the budget's `ONEXPIRE`, and
+    /// nothing if its deadline lies before the period containing `now` (the usage of that
+    /// period has been reset: a swept and an unswept key must agree).
+    fn expiry_charge(&self, r: &Reservation, now: i64) -> i64 {
+        if self.period_start(now).is_some_and(|s| r.deadline_ms < s) {
+            return 0;
+        }
+        match self.settings.on_expire {
+            OnExpire::Release => 0,
+            OnExpire::Charge => r.amount,
+            OnExpire::Elapsed => r.elapsed_charge(self.settings.unit_ms.unwrap_or(0)),
+        }
+    }
+
+    /// The effect that releases expired reservation `id` (`r`) at `now`.
+    fn release_of(&self, id: &[u8], r: &Reservation, now: i64) -> Effect {
+        Effect::Release {
+            id: Id::from_slice(id),
+            on_expire: self.settings.on_expire,
+            charge: self.expiry_charge(r, now),
+        }
+    }
+
+    /// What the expired-but-unreleased reservations at `now` charge, summed in O(log n) like
+    /// their amounts: those whose deadline lies in the period containing `now`.
+    fn unreleased_charges(&self, now: i64) -> i64 {
+        if self.settings.on_expire == OnExpire::Release
+            || self.book.first_deadline().is_none_or(|d| d > now)
+        {
+            return 0;
+        }
+        let mut sum = self.book.expired(now);
+        if let Some(start) = self.period_start(now) {
+            sum = sum.minus(self.book.expired(start.saturating_sub(1)));
+        }
+        match self.settings.on_expire {
+            OnExpire::Release => 0,
+            OnExpire::Charge => sum.amount,
+            OnExpire::Elapsed => sum.elapsed,
+        }
+    }
+
     /// The logical numbers at `now`.
     pub fn view(&self, now: i64) -> View {
         let (expired_sum, expired_count) = self.unreleased_expired(now);
         let reserved = self.reserved.saturating_sub(expired_sum).max(0);
         let fresh = self.period_ended(now);
-        let used = if fresh { 0 } else { self.used };
+        // Expiry charges move from reserved to used: the sum stays within i64.
+        let used = if fresh { 0 } else { self.used }.saturating_add(self.unreleased_charges(now));
         let pending = i64::try_from(self.book.pending_len())
             .unwrap_or(i64::MAX)
             .saturating_sub(expired_count);
@@ -477,6 +618,8 @@ impl Budget {
                 } else {
                     IdState::Expired {
                         amount: r.amount,
+                        charged: self.expiry_charge(&r, now),
+                        deadline_ms: r.deadline_ms,
                         unreleased: true,
                     }
                 }
@@ -484,9 +627,11 @@ impl Budget {
             Some(Entry::Finished(f)) => {
                 if now >= f.finished_ms.saturating_add(keep_ms) {
                     IdState::Unknown
-                } else if let Outcome::Expired { amount } = f.outcome {
+                } else if let Outcome::Expired { amount, charged } = f.outcome {
                     IdState::Expired {
                         amount,
+                        charged,
+                        deadline_ms: f.finished_ms,
                         unreleased: false,
                     }
                 } else {
@@ -501,17 +646,15 @@ impl Budget {
     /// expired reservation, forget a stale id) before a command acts on it.
     fn prepare_id(&self, id: &[u8], now: i64, keep_ms: i64, effects: &mut Effects) {
         let (release, forget) = match self.book.get(id) {
-            None => (false, false),
+            None => (None, false),
             Some(Entry::Pending(r)) => (
-                now >= r.deadline_ms,
+                (now >= r.deadline_ms).then(|| self.release_of(id, &r, now)),
                 now >= r.deadline_ms.saturating_add(keep_ms),
             ),
-            Some(Entry::Finished(f)) => (false, now >= f.finished_ms.saturating_add(keep_ms)),
+            Some(Entry::Finished(f)) => (None, now >= f.finished_ms.saturating_add(keep_ms)),
         };
-        if release {
-            effects.push(Effect::Release {
-                id: Id::from_slice(id),
-            });
+        if let Some(release) = release {
+            effects.push(release);
         }
         if forget {
             effects.push(Effect::Forget {
@@ -534,6 +677,17 @@ impl Budget {
     pub fn plan_sweep(&self, now: i64, keep_ms: i64, max: usize) -> Effects {
         let mut effects = self.cleanup(now, keep_ms, None, max);
         effects.truncate(max);
+        // A charging expiry goes to the period containing its deadline: once a boundary has
+        // passed, the sweep resets first, as a write would (the charge must not land in the
+        // ended period's usage, which the reset then drops).
+        let charges = effects
+            .iter()
+            .any(|e| matches!(e, Effect::Release { charge, .. } if *charge > 0));
+        if charges && self.period_ended(now) {
+            if let Ok(Some((start_ms, end_ms))) = self.current_bounds(now) {
+                effects.insert(0, Effect::Reset { start_ms, end_ms });
+            }
+        }
         effects
     }
 
@@ -572,9 +726,19 @@ impl Budget {
                 if skip == Some(id) {
                     continue;
                 }
-                effects.push(Effect::Release {
-                    id: Id::from_slice(id),
-                });
+                let release = match self.settings.on_expire {
+                    // No charge to compute: no lookup of the reservation.
+                    OnExpire::Release => Effect::Release {
+                        id: Id::from_slice(id),
+                        on_expire: OnExpire::Release,
+                        charge: 0,
+                    },
+                    _ => match self.book.get(id) {
+                        Some(Entry::Pending(r)) => self.release_of(id, &r, now),
+                        _ => continue,
+                    },
+                };
+                effects.push(release);
                 if now >= deadline.saturating_add(keep_ms) {
                     effects.push(Effect::Forget {
                         id: Id::from_slice(id),
@@ -685,6 +849,22 @@ impl Budget {
         i128::from(amount) <= i128::from(view.available).saturating_add(i128::from(view.overdraft))
     }
 
+    /// [`Budget::fits`], and with `KEEP keep` also `available - amount >= keep` (the headroom
+    /// kept for calls without KEEP; the overdraft is not headroom).
+    fn fits_keeping(view: &View, amount: i64, keep: Option<i64>) -> bool {
+        Self::fits(view, amount)
+            && keep.is_none_or(|k| {
+                i128::from(view.available).saturating_sub(i128::from(amount)) >= i128::from(k)
+            })
+    }
+
+    fn check_keep(keep: Option<i64>) -> Result<(), LedgerError> {
+        if keep.is_some_and(|k| k < 0) {
+            return Err(LedgerError::Invalid("KEEP must not be negative"));
+        }
+        Ok(())
+    }
+
     /// QUOTA.SET creating a key at `now`: the effect that configures a fresh budget.
     pub fn plan_create(
         now: i64,
@@ -724,7 +904,14 @@ impl Budget {
         }
         let view = self.view(now);
         let used = used.unwrap_or(view.used);
-        let full = self.check_range(now, &view, view.used, 0, used)?;
+        // Expired reservations are charged by the policy in force when they expired: under a
+        // charging policy, or when the policy or unit changes, every one is released (with its
+        // charge) before the new settings apply, so none is charged by rules set after its
+        // expiry and `used` is exact when USED overwrites it. O(expired) for this SET only.
+        let policy_moves = self.settings.on_expire != OnExpire::Release
+            || settings.on_expire != self.settings.on_expire
+            || settings.unit_ms != self.settings.unit_ms;
+        let full = self.check_range(now, &view, view.used, 0, used)? || policy_moves;
         let period = period.unwrap_or_else(|| self.period.clone());
         let bounds = if period == self.period {
             self.current_bounds(now)?
@@ -763,9 +950,25 @@ impl Budget {
         id: Option<&[u8]>,
         ttl_ms: Option<i64>,
     ) -> Result<Plan<ReserveReply>, LedgerError> {
+        self.plan_reserve_keep(now, policy, amount, id, ttl_ms, None)
+    }
+
+    /// QUOTA.RESERVE with `KEEP keep` (`None`: without): grant iff `amount <= available +
+    /// overdraft` and, with KEEP, `available - amount >= keep`. Errors: `keep < 0` and those
+    /// of [`Budget::plan_reserve`].
+    pub fn plan_reserve_keep(
+        &self,
+        now: i64,
+        policy: &Policy,
+        amount: i64,
+        id: Option<&[u8]>,
+        ttl_ms: Option<i64>,
+        keep: Option<i64>,
+    ) -> Result<Plan<ReserveReply>, LedgerError> {
         if amount < 0 {
             return Err(LedgerError::Invalid("amount must not be negative"));
         }
+        Self::check_keep(keep)?;
         let mut present = false;
         if let Some(id) = id {
             let (state, in_book) = self.id_lookup(id, now, policy.keep_ms);
@@ -801,7 +1004,7 @@ impl Budget {
         }
         self.check_max(amount)?;
         let view = self.view(now);
-        if !Self::fits(&view, amount) {
+        if !Self::fits_keeping(&view, amount, keep) {
             return Ok(Plan {
                 effects: Effects::new(),
                 reply: ReserveReply::Denied,
@@ -873,10 +1076,22 @@ impl Budget {
                     false,
                 )
             }
-            IdState::Expired { amount, unreleased } => {
+            IdState::Expired {
+                amount,
+                charged,
+                deadline_ms,
+                unreleased,
+            } => {
                 let physical_minus = if unreleased { amount } else { 0 };
+                // The range check counts the actual in full (an upper bound of what a late
+                // settle after a charging expiry adds: see `late_used`).
                 let full = self.check_range(now, &view, 0, physical_minus, actual)?;
+                let in_period = self.period_start(now).is_none_or(|s| deadline_ms >= s);
+                late_used(view.used, actual, charged, in_period)?;
                 add(view.overrun, actual.saturating_sub(amount).max(0))?;
+                // A charge to replace: every expired reservation is released first, so the
+                // physical `used` the replacement starts from is the logical one.
+                let full = full || charged > 0;
                 (
                     SettleStatus::Late,
                     Effect::SettleLate {
@@ -914,6 +1129,39 @@ impl Budget {
             effects,
             reply: (status, actual),
         })
+    }
+
+    /// QUOTA.SETTLE key id ELAPSED: charge the time since the grant, measured by the key's
+    /// clock (`now - created`), in the budget's unit, rounded up once. Reply as
+    /// [`Budget::plan_settle`]; a retry of a settled id answers `duplicate` with the first
+    /// charge. Errors: no UNIT (`ERR`), an expired reservation (`CONFLICT`: its start is not
+    /// kept; settle it with an actual), and those of [`Budget::plan_settle`].
+    pub fn plan_settle_elapsed(
+        &self,
+        now: i64,
+        policy: &Policy,
+        id: &[u8],
+    ) -> Result<Plan<(SettleStatus, i64)>, LedgerError> {
+        let unit = self.settings.unit_ms.ok_or(LedgerError::Invalid(
+            "ELAPSED needs a budget with a UNIT (QUOTA.SET key UNIT ms|s|min)",
+        ))?;
+        match self.id_state(id, now, policy.keep_ms) {
+            IdState::Pending(r) => {
+                let actual = ceil_units(now.saturating_sub(r.created_ms), unit);
+                self.plan_settle(now, policy, id, actual)
+            }
+            IdState::Done(Outcome::Settled { actual, .. }) => Ok(Plan {
+                effects: Effects::new(),
+                reply: (SettleStatus::Duplicate, actual),
+            }),
+            IdState::Expired { .. } => Err(conflict(
+                id,
+                "expired",
+                "ELAPSED settles a pending reservation only (settle it with an actual)",
+            )),
+            // Unknown, rolled back, charged: the errors of any settle.
+            _ => self.plan_settle(now, policy, id, 0),
+        }
     }
 
     /// QUOTA.ROLLBACK: release reservation `id`. Reply: (status, released).
@@ -1003,9 +1251,25 @@ impl Budget {
         id: Option<&[u8]>,
         force: bool,
     ) -> Result<Plan<bool>, LedgerError> {
+        self.plan_charge_keep(now, policy, amount, id, force, None)
+    }
+
+    /// QUOTA.CHARGE with `KEEP keep` (`None`: without; FORCE ignores it, as every limit):
+    /// charged iff it fits as in [`Budget::plan_charge`] and, with KEEP, `available - amount
+    /// >= keep`. Errors: `keep < 0` and those of [`Budget::plan_charge`].
+    pub fn plan_charge_keep(
+        &self,
+        now: i64,
+        policy: &Policy,
+        amount: i64,
+        id: Option<&[u8]>,
+        force: bool,
+        keep: Option<i64>,
+    ) -> Result<Plan<bool>, LedgerError> {
         if amount < 0 {
             return Err(LedgerError::Invalid("amount must not be negative"));
         }
+        Self::check_keep(keep)?;
         let mut present = false;
         if let Some(id) = id {
             let (state, in_book) = self.id_lookup(id, now, policy.keep_ms);
@@ -1040,7 +1304,7 @@ impl Budget {
             self.check_max(amount)?;
         }
         let view = self.view(now);
-        if !force && !Self::fits(&view, amount) {
+        if !force && !Self::fits_keeping(&view, amount, keep) {
             return Ok(Plan {
                 effects: Effects::new(),
                 reply: false,
@@ -1065,19 +1329,18 @@ impl Budget {
         })
     }
 
-    /// Live pending reservations at `now`, soonest expiry first, at most `count`:
-    /// `(id, amount, age_ms, ttl_ms)`.
-    pub fn pending(&self, now: i64, count: usize) -> Vec<(Id, i64, i64, i64)> {
+    /// Live pending reservations at `now`, soonest expiry first, at most `count`.
+    pub fn pending(&self, now: i64, count: usize) -> Vec<PendingItem> {
         self.book
             .live_after(now)
             .take(count)
-            .map(|(id, r)| {
-                (
-                    Id::from_slice(id),
-                    r.amount,
-                    now.saturating_sub(r.created_ms).max(0),
-                    r.deadline_ms.saturating_sub(now),
-                )
+            .map(|(id, r)| PendingItem {
+                id: Id::from_slice(id),
+                amount: r.amount,
+                age_ms: now.saturating_sub(r.created_ms).max(0),
+                ttl_ms: r.deadline_ms.saturating_sub(now),
+                start_ms: r.created_ms,
+                heartbeat_ms: (r.heartbeat_ms != r.created_ms).then_some(r.heartbeat_ms),
             })
             .collect()
     }
@@ -1114,6 +1377,7 @@ impl Budget {
                 self.used = *used;
                 self.period = period.clone();
                 self.period_bounds = *bounds;
+                self.book.set_unit(settings.unit_ms);
             }
             Effect::Reset { start_ms, end_ms } => {
                 validate_bounds(Some((*start_ms, *end_ms)))?;
@@ -1123,6 +1387,9 @@ impl Budget {
                 self.used = 0;
                 self.overrun = 0;
                 self.period_bounds = Some((*start_ms, *end_ms));
+                // Not a command of its own (a write's own effect follows it; a sweep's reset
+                // does not): the clock goes into the new period, no further.
+                clock = (*start_ms).min(at);
             }
             Effect::Grant {
                 id,
@@ -1141,11 +1408,7 @@ impl Budget {
                 // The last check: refused (nothing changed) if the id is known.
                 let fresh = self.book.insert(
                     id,
-                    Entry::Pending(Reservation {
-                        amount: *amount,
-                        created_ms: at,
-                        deadline_ms: *deadline_ms,
-                    }),
+                    Entry::Pending(Reservation::new(*amount, at, *deadline_ms)),
                 );
                 if !fresh {
                     return Err(LedgerError::BadEffect("grant of a known id"));
@@ -1181,17 +1444,20 @@ impl Budget {
                 (self.reserved, self.used, self.overrun) = after;
             }
             Effect::SettleLate { id, actual } => {
-                let amount = match self.book.get(id) {
+                let (amount, charged, deadline) = match self.book.get(id) {
                     Some(Entry::Finished(Finished {
-                        outcome: Outcome::Expired { amount },
-                        ..
-                    })) => amount,
+                        outcome: Outcome::Expired { amount, charged },
+                        finished_ms,
+                    })) => (amount, charged, finished_ms),
                     _ => return Err(LedgerError::BadEffect("late settle of a non-expired id")),
                 };
                 if *actual < 0 {
                     return Err(LedgerError::BadEffect("negative actual"));
                 }
-                let used = add(self.used, *actual)?;
+                let in_period = self
+                    .period_bounds
+                    .is_none_or(|(start, _)| deadline >= start);
+                let used = late_used(self.used, *actual, charged, in_period)?;
                 add(used, self.reserved)?;
                 let overrun = add(self.overrun, actual.saturating_sub(amount).max(0))?;
                 self.used = used;
@@ -1208,13 +1474,38 @@ impl Budget {
             Effect::Rollback { id } => {
                 self.unreserve(id, |r| (Outcome::RolledBack { amount: r.amount }, at))?;
             }
-            Effect::Release { id } => {
+            Effect::Release {
+                id,
+                on_expire,
+                charge,
+            } => {
+                if *charge < 0 || (*on_expire == OnExpire::Release && *charge != 0) {
+                    return Err(LedgerError::BadEffect("bad expiry charge"));
+                }
                 // Finished at the deadline: swept and unswept expiries are remembered alike.
-                let mut deadline = at;
-                self.unreserve(id, |r| {
-                    deadline = r.deadline_ms;
-                    (Outcome::Expired { amount: r.amount }, r.deadline_ms)
-                })?;
+                let (reserved, used) = (self.reserved, self.used);
+                let mut after = (reserved, used, at);
+                self.book.update(
+                    id,
+                    |e| {
+                        let r = pending_of(e)?;
+                        if *charge > r.amount {
+                            return Err(LedgerError::BadEffect("expiry charge above the amount"));
+                        }
+                        // used + reserved does not grow: the charge is at most the amount.
+                        after = (sub(reserved, r.amount)?, add(used, *charge)?, r.deadline_ms);
+                        Ok(finished(
+                            Outcome::Expired {
+                                amount: r.amount,
+                                charged: *charge,
+                            },
+                            r.deadline_ms,
+                        ))
+                    },
+                    NOT_PENDING,
+                )?;
+                let deadline;
+                (self.reserved, self.used, deadline) = after;
                 clock = deadline.min(at);
             }
             Effect::Extend { id, deadline_ms } => {
@@ -1223,6 +1514,8 @@ impl Budget {
                     |e| {
                         let mut r = pending_of(e)?;
                         r.deadline_ms = *deadline_ms;
+                        // The step's time is the heartbeat (`ONEXPIRE ELAPSED` charges to it).
+                        r.heartbeat_ms = at;
                         Ok(Entry::Pending(r))
                     },
                     NOT_PENDING,
@@ -1345,11 +1638,23 @@ impl Budget {
         }
         let mut sum = 0i64;
         for (_, entry) in self.book.entries() {
-            if let Entry::Pending(r) = entry {
-                if r.amount < 0 {
-                    return Err(LedgerError::Corrupt("negative reservation"));
+            match entry {
+                Entry::Pending(r) => {
+                    if r.amount < 0 {
+                        return Err(LedgerError::Corrupt("negative reservation"));
+                    }
+                    if r.heartbeat_ms < r.created_ms {
+                        return Err(LedgerError::Corrupt("heartbeat before the start"));
+                    }
+                    sum = add(sum, r.amount)?;
                 }
-                sum = add(sum, r.amount)?;
+                Entry::Finished(Finished {
+                    outcome: Outcome::Expired { amount, charged },
+                    ..
+                }) if charged < 0 || charged > amount => {
+                    return Err(LedgerError::Corrupt("expiry charge outside 0..=amount"));
+                }
+                Entry::Finished(_) => {}
             }
         }
         if sum != self.reserved {
@@ -1359,6 +1664,22 @@ impl Budget {
         }
         Ok(())
     }
+}
+
+/// `used` after a late settle of `actual` for a reservation whose expiry charged `charged`:
+/// the actual replaces the charge. If the charge is in the current period (`in_period`),
+/// `used` moves by `actual - charged`, never below 0 (a refund when the actual is smaller);
+/// if it was in a period already reset, only what the actual exceeds it by is added. With no
+/// charge, `used + actual` as ever. Errors: `Overflow`.
+fn late_used(used: i64, actual: i64, charged: i64, in_period: bool) -> Result<i64, LedgerError> {
+    // Widened from i64: none of these can overflow an i128.
+    let (u, a, c) = (i128::from(used), i128::from(actual), i128::from(charged));
+    let after = if in_period {
+        u.saturating_add(a).saturating_sub(c).max(0)
+    } else {
+        u.saturating_add(a.saturating_sub(c).max(0))
+    };
+    i64::try_from(after).map_err(|_| LedgerError::Overflow)
 }
 
 /// What an effect on a pending reservation finds when the id is not pending.
@@ -1406,6 +1727,16 @@ pub fn validate_settings(s: &Settings) -> Result<(), LedgerError> {
     if !(1..=MAX_TTL_MS).contains(&s.default_ttl_ms) {
         return Err(BAD_TTL);
     }
+    if s.unit_ms
+        .is_some_and(|u| !UNITS_MS.iter().any(|&(_, ms)| ms == u))
+    {
+        return Err(LedgerError::Invalid("UNIT must be ms, s or min"));
+    }
+    if s.on_expire == OnExpire::Elapsed && s.unit_ms.is_none() {
+        return Err(LedgerError::Invalid(
+            "ONEXPIRE ELAPSED needs a UNIT (ms, s or min)",
+        ));
+    }
     Ok(())
 }
 
@@ -1416,12 +1747,7 @@ mod tests {
 
     #[test]
     fn an_exhausted_id_generator_says_so() {
-        let settings = Settings {
-            limit: 10,
-            overdraft: 0,
-            max_reserve: None,
-            default_ttl_ms: 1000,
-        };
+        let settings = Settings::plain(10, 0, None, 1000);
         let mut b = Budget::new(settings, 1);
         b.last_id = StreamId {
             ms: u64::MAX,
@@ -1432,6 +1758,79 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.to_string(), "ERR no id left to generate: pass ID");
+    }
+
+    /// Applies a plan's effects at `now`.
+    fn run(b: &mut Budget, now: i64, effects: &[Effect]) {
+        for e in effects {
+            b.apply(now, e).unwrap();
+        }
+    }
+
+    /// An expiry charge belongs to the period containing its deadline, whoever releases it
+    /// and when: a write after the boundary, the sweeper (which resets first), or nobody yet.
+    #[test]
+    fn expiry_charges_land_in_the_period_of_their_deadline() {
+        use crate::core::period::PeriodKind;
+        let day = 86_400_000;
+        let settings = Settings {
+            on_expire: OnExpire::Charge,
+            ..Settings::plain(1000, 0, None, 1000)
+        };
+        let period = Period::new(PeriodKind::Day, b"UTC", None).unwrap();
+        let t0 = 10 * day;
+        let mut b = Budget::new(settings, t0);
+        run(
+            &mut b,
+            t0,
+            &[Budget::plan_create(t0, settings, 0, period).unwrap()],
+        );
+        let p = Policy::default();
+        let end = t0 + day;
+        // Expires before midnight (its charge goes with the old day) and after (the new day).
+        let before = b
+            .plan_reserve(end - 500, &p, 100, Some(b"before"), Some(400))
+            .unwrap();
+        run(&mut b, end - 500, &before.effects);
+        let after = b
+            .plan_reserve(end - 400, &p, 7, Some(b"after"), Some(600))
+            .unwrap();
+        run(&mut b, end - 400, &after.effects);
+        let now = end + 300;
+        assert_eq!(b.view(end - 1).used, 100);
+        let want = b.view(now);
+        assert_eq!((want.used, want.reserved), (7, 0));
+        // The sweeper resets first, then releases both; the state reads the same.
+        let mut swept = b.clone();
+        let sweep = swept.plan_sweep(now, p.keep_ms, 10);
+        assert!(matches!(sweep.first(), Some(Effect::Reset { .. })));
+        assert!(sweep.contains(&Effect::Release {
+            id: Id::from_slice(b"before"),
+            on_expire: OnExpire::Charge,
+            charge: 0,
+        }));
+        run(&mut swept, now, &sweep);
+        assert_eq!(swept.view(now), want);
+        // A write after the boundary does the same in its upkeep.
+        let mut written = b.clone();
+        let charge = written.plan_charge(now, &p, 1, None, false).unwrap();
+        run(&mut written, now, &charge.effects);
+        assert_eq!(written.view(now).used, 8);
+        run(&mut swept, now, &charge.effects[charge.effects.len() - 1..]);
+        assert_eq!(swept, written);
+        // A reservation charged in a day that has ended: a late settle adds only what its
+        // actual exceeds that charge by (the closed day keeps its 100).
+        let mut early = b.clone();
+        let sweep = early.plan_sweep(end - 50, p.keep_ms, 10);
+        run(&mut early, end - 50, &sweep);
+        assert_eq!(early.view(end - 50).used, 100);
+        let late = early.plan_settle(now, &p, b"before", 150).unwrap();
+        run(&mut early, now, &late.effects);
+        assert_eq!(early.view(now).used, 7 + 50);
+        // A late settle replaces the 7 charged in this day by its actual.
+        let late = written.plan_settle(now, &p, b"after", 2).unwrap();
+        run(&mut written, now, &late.effects);
+        assert_eq!(written.view(now).used, 3);
     }
 
     #[test]

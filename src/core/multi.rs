@@ -168,6 +168,28 @@ pub fn plan_mreserve(
     wall: i64,
     policy: &Policy,
 ) -> Result<MReserve, LedgerError> {
+    plan_mreserve_keep(limits, amounts, id, ttl_ms, None, wall, policy)
+}
+
+/// [`plan_mreserve`] with `KEEP keep` (issue 22): every budget key grants only if its
+/// `available` after the grant stays `>= keep` ([`Budget::plan_reserve_keep`]); window keys
+/// ignore it.
+///
+/// # Errors
+///
+/// Those of [`plan_mreserve`], and `keep < 0`.
+pub fn plan_mreserve_keep(
+    limits: &[Limit<'_>],
+    amounts: &[i64],
+    id: Option<&[u8]>,
+    ttl_ms: Option<i64>,
+    keep: Option<i64>,
+    wall: i64,
+    policy: &Policy,
+) -> Result<MReserve, LedgerError> {
+    if keep.is_some_and(|k| k < 0) {
+        return Err(LedgerError::Invalid("KEEP must not be negative"));
+    }
     if amounts.len() != limits.len() || limits.is_empty() {
         return Err(LedgerError::Invalid("one amount per key"));
     }
@@ -182,13 +204,13 @@ pub fn plan_mreserve(
         match limit {
             Limit::Budget(b) => {
                 let now = b.now(wall);
-                let plan = b.plan_reserve(now, policy, amount, Some(&id), ttl_ms)?;
+                let plan = b.plan_reserve_keep(now, policy, amount, Some(&id), ttl_ms, keep)?;
                 match plan.reply {
                     ReserveReply::Retried { .. } => retried = retried.saturating_add(1),
                     ReserveReply::Granted { .. } => fresh = fresh.saturating_add(1),
                     ReserveReply::Denied => {
                         fresh = fresh.saturating_add(1);
-                        denied = denied.or(Some((i, b.retry_after(now, amount))));
+                        denied = denied.or(Some((i, b.retry_after_keep(now, amount, keep))));
                     }
                 }
                 planned.push(KeyEffects::Budget {
@@ -257,15 +279,55 @@ pub fn plan_msettle(
     wall: i64,
     policy: &Policy,
 ) -> Result<Vec<KeyOutcome>, LedgerError> {
+    let actuals: Vec<Actual> = actuals.iter().map(|&a| Actual::Units(a)).collect();
+    plan_msettle_actuals(limits, id, &actuals, wall, policy)
+}
+
+/// What MSETTLE charges a key (issue 22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Actual {
+    /// This many units.
+    Units(i64),
+    /// `ELAPSED`: the time since the grant in the budget's UNIT
+    /// ([`Budget::plan_settle_elapsed`]); budget keys only.
+    Elapsed,
+}
+
+/// [`plan_msettle`] where a key's actual may be [`Actual::Elapsed`]: charged (and answered)
+/// as `QUOTA.SETTLE key id ELAPSED` would.
+///
+/// # Errors
+///
+/// Those of [`plan_msettle`]; `ELAPSED` on a window key, or on a budget without a UNIT, or
+/// for an expired reservation.
+pub fn plan_msettle_actuals(
+    limits: &[Limit<'_>],
+    id: &[u8],
+    actuals: &[Actual],
+    wall: i64,
+    policy: &Policy,
+) -> Result<Vec<KeyOutcome>, LedgerError> {
     if actuals.len() != limits.len() || limits.is_empty() {
         return Err(LedgerError::Invalid("one actual per key"));
     }
     let mut out = Vec::with_capacity(limits.len());
-    for (limit, &actual) in limits.iter().zip(actuals) {
+    for (limit, &given) in limits.iter().zip(actuals) {
+        let actual = match (limit, given) {
+            (_, Actual::Units(n)) => n,
+            (Limit::Budget(_), Actual::Elapsed) => 0,
+            (Limit::Window(_), Actual::Elapsed) => {
+                return Err(LedgerError::Invalid(
+                    "ELAPSED settles budget keys only (a window has no UNIT)",
+                ))
+            }
+        };
         out.push(match limit {
             Limit::Budget(b) => {
                 let now = b.now(wall);
-                let plan = b.plan_settle(now, policy, id, actual)?;
+                let plan = match given {
+                    Actual::Units(_) => b.plan_settle(now, policy, id, actual)?,
+                    Actual::Elapsed => b.plan_settle_elapsed(now, policy, id)?,
+                };
                 let status = match plan.reply.0 {
                     SettleStatus::Settled => KeyStatus::Settled,
                     SettleStatus::Late => KeyStatus::Late,

@@ -6,7 +6,7 @@
 
 use redis_module::{Context, RedisError, RedisString};
 
-use crate::core::ledger::{Budget, Effect, View};
+use crate::core::ledger::{Budget, Effect, OnExpire, View};
 use crate::shell::usage::{self, UsageEntry};
 use crate::shell::{events, replicate, stats, sweep_index};
 
@@ -76,7 +76,8 @@ pub fn write_usage(
 }
 
 /// Replicates the effects `result` says were applied, and counts their releases of expired
-/// reservations (INFO `quota_expired`).
+/// reservations (INFO `quota_expired`, and by policy `quota_expired_charge`,
+/// `quota_expired_elapsed`, `quota_expiry_charged`).
 fn replicate_applied(
     ctx: &Context,
     key_name: &RedisString,
@@ -87,6 +88,19 @@ fn replicate_applied(
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
     stats::add(&stats::EXPIRED, releases(applied));
+    for e in applied {
+        if let Effect::Release {
+            on_expire, charge, ..
+        } = e
+        {
+            match on_expire {
+                OnExpire::Release => continue,
+                OnExpire::Charge => stats::bump(&stats::EXPIRED_CHARGE),
+                OnExpire::Elapsed => stats::bump(&stats::EXPIRED_ELAPSED),
+            }
+            stats::add(&stats::EXPIRY_CHARGED, *charge);
+        }
+    }
 }
 
 /// Applies effects in place and does what follows any change, on a master or a replica alike:

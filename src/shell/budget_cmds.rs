@@ -4,8 +4,8 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{
-    Budget, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, UsageLog, View,
-    DEFAULT_STREAM_MAX_LEN,
+    Budget, OnExpire, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, UsageLog, View,
+    DEFAULT_STREAM_MAX_LEN, UNITS_MS,
 };
 use crate::core::period::{Period, PeriodKind};
 use crate::core::window::Window;
@@ -70,9 +70,35 @@ fn parse_at(args: &mut Args, token: &[u8]) -> Result<Option<Option<i64>>, RedisE
     Ok(None)
 }
 
+/// `UNIT ms|s|min|NONE` → the unit in ms (`None`: plain units).
+fn parse_unit(token: &[u8]) -> Result<Option<i64>, RedisError> {
+    if token.eq_ignore_ascii_case(b"NONE") {
+        return Ok(None);
+    }
+    UNITS_MS
+        .iter()
+        .find(|(name, _)| token.eq_ignore_ascii_case(name.as_bytes()))
+        .map(|&(_, ms)| Some(ms))
+        .ok_or(RedisError::Str("ERR UNIT must be ms, s, min or NONE"))
+}
+
+/// The name of a unit in ms, as QUOTA.INFO shows it (`none`: plain units).
+fn unit_name(unit_ms: Option<i64>) -> &'static str {
+    UNITS_MS
+        .iter()
+        .find(|&&(_, ms)| Some(ms) == unit_ms)
+        .map_or("none", |&(name, _)| name)
+}
+
+/// `KEEP n` of RESERVE and CHARGE: a non-negative amount.
+fn parse_keep(a: &mut Args) -> Result<Option<i64>, RedisError> {
+    a.next_amount("KEEP").map(Some)
+}
+
 /// `QUOTA.SET key [LIMIT n] [USED n] [OVERDRAFT n] [MAXRESERVE n] [TTL ms]
 /// [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] [ANCHOR unix_ms]
-/// [STREAM stream_key|""] [STREAMMAXLEN n] [NX|XX] [AT ms]`
+/// [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT ms|s|min|NONE] [STREAM stream_key|""] [STREAMMAXLEN n]
+/// [NX|XX] [AT ms]`
 /// → 1 if created, 0 otherwise (amounts in units, times in ms). `STREAM` turns the usage log on
 /// (`""`: off), see [`crate::shell::usage`].
 pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -87,6 +113,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let (mut limit, mut used, mut overdraft, mut max_reserve, mut ttl) =
         (None, None, None, None, None);
+    let (mut on_expire, mut unit): (Option<OnExpire>, Option<Option<i64>>) = (None, None);
     let (mut nx, mut xx, mut at) = (false, false, None);
     let (mut kind, mut tz, mut anchor): (Option<PeriodKind>, Option<&[u8]>, Option<i64>) =
         (None, None, None);
@@ -119,6 +146,12 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             stream = Some(a.next_bytes()?);
         } else if t.eq_ignore_ascii_case(b"STREAMMAXLEN") {
             stream_max = Some(a.next_amount("STREAMMAXLEN")?);
+        } else if t.eq_ignore_ascii_case(b"ONEXPIRE") {
+            on_expire = Some(OnExpire::parse(a.next_bytes()?).ok_or(RedisError::Str(
+                "ERR ONEXPIRE must be RELEASE, CHARGE or ELAPSED",
+            ))?);
+        } else if t.eq_ignore_ascii_case(b"UNIT") {
+            unit = Some(parse_unit(a.next_bytes()?)?);
         } else if t.eq_ignore_ascii_case(b"NX") {
             nx = true;
         } else if t.eq_ignore_ascii_case(b"XX") {
@@ -159,6 +192,8 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 overdraft: overdraft.unwrap_or(s.overdraft),
                 max_reserve: max_reserve.unwrap_or(s.max_reserve),
                 default_ttl_ms: ttl.unwrap_or(s.default_ttl_ms),
+                on_expire: on_expire.unwrap_or(s.on_expire),
+                unit_ms: unit.unwrap_or(s.unit_ms),
             };
             // Checked first: a bad STREAMMAXLEN changes nothing.
             let log = usage_after(b.usage(), stream, stream_max)?;
@@ -185,6 +220,8 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         overdraft: overdraft.unwrap_or(0),
         max_reserve: max_reserve.unwrap_or(None),
         default_ttl_ms: ttl.unwrap_or_else(config::default_ttl),
+        on_expire: on_expire.unwrap_or_default(),
+        unit_ms: unit.unwrap_or(None),
     };
     let period = merge_period(&Period::none(), kind, tz, anchor)?.unwrap_or_else(Period::none);
     let log = usage_after(None, stream, stream_max)?.flatten();
@@ -310,7 +347,12 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     }
     let info = match with_budget(ctx, key_name, at, |b, now| {
-        (b.view(now), b.period().clone(), b.usage().cloned())
+        (
+            b.view(now),
+            b.period().clone(),
+            *b.settings(),
+            b.usage().cloned(),
+        )
     }) {
         Err(RedisError::WrongType) => {
             // A window key (or another type: WRONGTYPE).
@@ -324,7 +366,7 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         other => other?,
     };
-    let Some((v, period, log)) = info else {
+    let Some((v, period, settings, log)) = info else {
         return Ok(RedisValue::Null);
     };
     let (start, end) = v.period_bounds.unwrap_or((-1, -1));
@@ -344,6 +386,11 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             ("tz", Field::Str(period.tz)),
             ("period_start_ms", Field::Int(start)),
             ("period_end_ms", Field::Int(end)),
+            (
+                "on_expire",
+                Field::Str(settings.on_expire.as_str().to_string()),
+            ),
+            ("unit", Field::Str(unit_name(settings.unit_ms).to_string())),
             (
                 "stream",
                 Field::Bytes(log.as_ref().map(|l| l.stream.clone()).unwrap_or_default()),
@@ -373,13 +420,13 @@ pub(crate) fn check_id_arg(v: &[u8]) -> Result<(), RedisError> {
     check_id(v, MAX_ID_LENGTH_RANGE.1).or_else(|_| check_id(v, config::max_id_length()))
 }
 
-/// `QUOTA.RESERVE key amount [ID id] [TTL ms] [AT ms]`
+/// `QUOTA.RESERVE key amount [ID id] [TTL ms] [KEEP n] [AT ms]`
 /// → `[granted, id|nil, available, retry_after_ms]`.
 pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut a = Args::new(args, 2)?;
     let key_name = a.next_string()?;
     let amount = a.next_amount("amount")?;
-    let (mut id, mut ttl, mut at) = (None, None, None);
+    let (mut id, mut ttl, mut at, mut keep) = (None, None, None, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
@@ -388,6 +435,8 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
+        } else if t.eq_ignore_ascii_case(b"KEEP") {
+            keep = parse_keep(&mut a)?;
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
@@ -399,10 +448,10 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let ((reply, retry), view) = run_write(ctx, key_name, at, |b, now| {
         check_new_id(b, id, max_id)?;
         let plan = b
-            .plan_reserve(now, &policy, amount, id, ttl)
+            .plan_reserve_keep(now, &policy, amount, id, ttl, keep)
             .map_err(error_reply)?;
         let retry = match plan.reply {
-            ReserveReply::Denied => b.retry_after(now, amount),
+            ReserveReply::Denied => b.retry_after_keep(now, amount, keep),
             _ => 0,
         };
         Ok(Plan {
@@ -440,18 +489,40 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
 struct KeyIdArgs<'a> {
     key: &'a RedisString,
     id: &'a [u8],
+    /// The integer after the id; `None` without one, or for `ELAPSED`.
     num: Option<i64>,
     at: Option<i64>,
 }
 
-/// Parses `key id`, then an integer if `with_num`, then an optional trailing `AT ms`.
-fn key_id_tail<'a>(a: &mut Args<'a>, with_num: bool) -> Result<KeyIdArgs<'a>, RedisError> {
+/// What follows the id in [`key_id_tail`].
+#[derive(PartialEq, Eq)]
+enum Num {
+    None,
+    Int,
+    /// An integer or the word `ELAPSED` (SETTLE).
+    IntOrElapsed,
+}
+
+/// Parses `key id`, then an integer (or ELAPSED) as `num` says, then an optional trailing
+/// `AT ms`.
+fn key_id_tail<'a>(a: &mut Args<'a>, num: Num) -> Result<KeyIdArgs<'a>, RedisError> {
     let key = a.next_string()?;
     let id = a.next_bytes()?;
     // SETTLE, ROLLBACK and EXTEND name an existing id: only the hard cap applies, so lowering
     // quota.max-id-length never strands a reservation made under a higher one.
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let num = if with_num { Some(a.next_i64()?) } else { None };
+    let num = match num {
+        Num::None => None,
+        Num::Int => Some(a.next_i64()?),
+        Num::IntOrElapsed => {
+            let t = a.next_bytes()?;
+            if t.eq_ignore_ascii_case(b"ELAPSED") {
+                None
+            } else {
+                Some(crate::shell::args::parse_i64(t)?)
+            }
+        }
+    };
     let mut at = None;
     while !a.is_empty() {
         let t = a.next_bytes()?;
@@ -463,7 +534,8 @@ fn key_id_tail<'a>(a: &mut Args<'a>, with_num: bool) -> Result<KeyIdArgs<'a>, Re
     Ok(KeyIdArgs { key, id, num, at })
 }
 
-/// `QUOTA.SETTLE key id actual [AT ms]` → `[status, charged, available]`.
+/// `QUOTA.SETTLE key id actual|ELAPSED [AT ms]` → `[status, charged, available]`. ELAPSED
+/// charges the time since the grant in the budget's UNIT.
 pub fn quota_settle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut a = Args::new(args, 3)?;
     let KeyIdArgs {
@@ -471,14 +543,19 @@ pub fn quota_settle(ctx: &Context, args: &[RedisString]) -> RedisResult {
         id,
         num,
         at,
-    } = key_id_tail(&mut a, true)?;
-    let actual = num.unwrap_or(0);
-    if actual < 0 {
-        return Err(RedisError::Str("ERR actual must not be negative"));
-    }
+    } = key_id_tail(&mut a, Num::IntOrElapsed)?;
+    // `None`: ELAPSED.
+    let actual = match num {
+        Some(n) if n < 0 => return Err(RedisError::Str("ERR actual must not be negative")),
+        n => n,
+    };
     let policy = config::policy();
     let ((status, charged), view) = run_write(ctx, key_name, at, |b, now| {
-        b.plan_settle(now, &policy, id, actual).map_err(error_reply)
+        match actual {
+            Some(actual) => b.plan_settle(now, &policy, id, actual),
+            None => b.plan_settle_elapsed(now, &policy, id),
+        }
+        .map_err(error_reply)
     })?;
     let status = match status {
         SettleStatus::Settled => {
@@ -509,7 +586,7 @@ pub fn quota_rollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
         id,
         at,
         ..
-    } = key_id_tail(&mut a, false)?;
+    } = key_id_tail(&mut a, Num::None)?;
     let policy = config::policy();
     let ((status, released), view) = run_write(ctx, key_name, at, |b, now| {
         b.plan_rollback(now, &policy, id).map_err(error_reply)
@@ -540,7 +617,7 @@ pub fn quota_extend(ctx: &Context, args: &[RedisString]) -> RedisResult {
         id,
         num,
         at,
-    } = key_id_tail(&mut a, true)?;
+    } = key_id_tail(&mut a, Num::Int)?;
     let ttl = num.unwrap_or(0);
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
@@ -552,12 +629,13 @@ pub fn quota_extend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     Ok(RedisValue::Integer(ttl))
 }
 
-/// `QUOTA.CHARGE key amount [ID id] [FORCE] [AT ms]` → `[charged, available, retry_after_ms]`.
+/// `QUOTA.CHARGE key amount [ID id] [FORCE] [KEEP n] [AT ms]`
+/// → `[charged, available, retry_after_ms]`.
 pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut a = Args::new(args, 2)?;
     let key_name = a.next_string()?;
     let amount = a.next_amount("amount")?;
-    let (mut id, mut force, mut at) = (None, false, None);
+    let (mut id, mut force, mut at, mut keep) = (None, false, None, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
@@ -566,6 +644,8 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"FORCE") {
             force = true;
+        } else if t.eq_ignore_ascii_case(b"KEEP") {
+            keep = parse_keep(&mut a)?;
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
         } else {
@@ -577,12 +657,12 @@ pub fn quota_charge(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let ((charged, retry), view) = run_write(ctx, key_name, at, |b, now| {
         check_new_id(b, id, max_id)?;
         let plan = b
-            .plan_charge(now, &policy, amount, id, force)
+            .plan_charge_keep(now, &policy, amount, id, force, keep)
             .map_err(error_reply)?;
         let retry = if plan.reply {
             0
         } else {
-            b.retry_after(now, amount)
+            b.retry_after_keep(now, amount, keep)
         };
         Ok(Plan {
             effects: plan.effects,
@@ -610,7 +690,8 @@ fn pending_count_error() -> RedisError {
     ))
 }
 
-/// `QUOTA.PENDING key [COUNT n] [AT ms]` → `[[id, amount, age_ms, ttl_ms], ...]`.
+/// `QUOTA.PENDING key [COUNT n] [AT ms]`
+/// → `[[id, amount, age_ms, ttl_ms, start_ms, heartbeat_ms|-1], ...]`.
 pub fn quota_pending(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 1)?;
     let key_name = a.next_string()?;
@@ -636,12 +717,14 @@ pub fn quota_pending(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let list = with_budget(ctx, key_name, at, |b, now| b.pending(now, count))?.unwrap_or_default();
     Ok(RedisValue::Array(
         list.into_iter()
-            .map(|(id, amount, age, ttl)| {
+            .map(|p| {
                 RedisValue::Array(vec![
-                    RedisValue::StringBuffer(id.into_vec()),
-                    RedisValue::Integer(amount),
-                    RedisValue::Integer(age),
-                    RedisValue::Integer(ttl),
+                    RedisValue::StringBuffer(p.id.into_vec()),
+                    RedisValue::Integer(p.amount),
+                    RedisValue::Integer(p.age_ms),
+                    RedisValue::Integer(p.ttl_ms),
+                    RedisValue::Integer(p.start_ms),
+                    RedisValue::Integer(p.heartbeat_ms.unwrap_or(-1)),
                 ])
             })
             .collect(),

@@ -1,13 +1,20 @@
 //! The wire form of ledger effects, as replicated and written to the AOF:
 //!
 //! `QUOTA.APPLY key at_ms EFFECT args [EFFECT args ...]` with
-//! - `CONFIG limit used overdraft max_reserve(-1 = none) default_ttl_ms period tz anchor|- start|- end|-`
+//! - `CONFIG limit used overdraft max_reserve(-1 = none) default_ttl_ms period tz anchor|- start|- end|-
+//!   [ONEXPIRE CHARGE|ELAPSED] [UNIT unit_ms]` (the two tails only when not the defaults, so
+//!   a budget that uses neither writes what earlier versions wrote)
 //! - `RESET start_ms end_ms` (a period boundary passed)
 //! - `GRANT id amount deadline_ms` · `SETTLE id actual` · `LATE id actual` · `ROLLBACK id`
-//! - `RELEASE id` · `EXTEND id deadline_ms` · `CHARGE amount overrun` · `CHARGEID amount overrun id`
+//! - `RELEASE id [ONEXPIRE CHARGE|ELAPSED charge]` (no tail: released for free) ·
+//!   `EXTEND id deadline_ms` (the step's time is the heartbeat) · `CHARGE amount overrun` ·
+//!   `CHARGEID amount overrun id`
 //! - `FORGET id`
 //! - `FORCED amount overrun` · `FORCEDID amount overrun id`: a charge made with FORCE
 //! - `USAGE stream max_len` · `NOUSAGE`: the usage log (QUOTA.SET ... STREAM)
+//!
+//! `ONEXPIRE` and `UNIT` are no effect names, so an optional tail is never mistaken for the
+//! next effect.
 //!
 //! Every value is resolved (the master's time, generated ids, default TTLs), so applying the
 //! same stream to the same state gives the same state on any server.
@@ -19,7 +26,7 @@
 use redis_module::RedisError;
 
 use crate::core::book::Id;
-use crate::core::ledger::{Effect, Settings, UsageLog};
+use crate::core::ledger::{Effect, OnExpire, Settings, UsageLog};
 use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::{check_id, parse_i64, syntax_error};
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
@@ -75,6 +82,14 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
             out.opt(period.anchor_ms);
             out.opt(bounds.map(|b| b.0));
             out.opt(bounds.map(|b| b.1));
+            if settings.on_expire != OnExpire::Release {
+                out.word("ONEXPIRE");
+                out.word(settings.on_expire.as_str());
+            }
+            if let Some(unit) = settings.unit_ms {
+                out.word("UNIT");
+                out.int(unit);
+            }
         }
         Effect::Reset { start_ms, end_ms } => {
             out.word("RESET");
@@ -105,9 +120,18 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
             out.word("ROLLBACK");
             out.bytes(id);
         }
-        Effect::Release { id } => {
+        Effect::Release {
+            id,
+            on_expire,
+            charge,
+        } => {
             out.word("RELEASE");
             out.bytes(id);
+            if *on_expire != OnExpire::Release {
+                out.word("ONEXPIRE");
+                out.word(on_expire.as_str());
+                out.int(*charge);
+            }
         }
         Effect::Extend { id, deadline_ms } => {
             out.word("EXTEND");
@@ -270,10 +294,13 @@ pub fn decode<'a, I>(tokens: I) -> Result<Vec<Effect>, RedisError>
 where
     I: IntoIterator<Item = &'a [u8]>,
 {
-    let mut it = tokens.into_iter();
+    let mut it = tokens.into_iter().peekable();
     let mut effects = Vec::new();
     let missing = || RedisError::Str("ERR QUOTA.APPLY: an effect is missing an argument");
-    let next = |it: &mut I::IntoIter| it.next().ok_or_else(missing);
+    let next = |it: &mut std::iter::Peekable<I::IntoIter>| it.next().ok_or_else(missing);
+    let on_expire = |token: &[u8]| {
+        OnExpire::parse(token).ok_or(RedisError::Str("ERR QUOTA.APPLY: bad ONEXPIRE policy"))
+    };
     while let Some(op) = it.next() {
         let effect = match op {
             b"CONFIG" => {
@@ -292,12 +319,22 @@ where
                     (None, None) => None,
                     _ => return Err(RedisError::Str("ERR QUOTA.APPLY: half a period")),
                 };
+                let mut policy = OnExpire::Release;
+                if it.next_if(|t| *t == b"ONEXPIRE").is_some() {
+                    policy = on_expire(next(&mut it)?)?;
+                }
+                let mut unit_ms = None;
+                if it.next_if(|t| *t == b"UNIT").is_some() {
+                    unit_ms = Some(parse_i64(next(&mut it)?)?);
+                }
                 Effect::Configure {
                     settings: Settings {
                         limit,
                         overdraft,
                         max_reserve: (max >= 0).then_some(max),
                         default_ttl_ms,
+                        on_expire: policy,
+                        unit_ms,
                     },
                     used,
                     period: Period::new(kind, tz, anchor).map_err(error_reply)?,
@@ -324,9 +361,19 @@ where
             b"ROLLBACK" => Effect::Rollback {
                 id: effect_id(next(&mut it)?)?,
             },
-            b"RELEASE" => Effect::Release {
-                id: effect_id(next(&mut it)?)?,
-            },
+            b"RELEASE" => {
+                let id = effect_id(next(&mut it)?)?;
+                let (policy, charge) = if it.next_if(|t| *t == b"ONEXPIRE").is_some() {
+                    (on_expire(next(&mut it)?)?, parse_i64(next(&mut it)?)?)
+                } else {
+                    (OnExpire::Release, 0)
+                };
+                Effect::Release {
+                    id,
+                    on_expire: policy,
+                    charge,
+                }
+            }
             b"EXTEND" => Effect::Extend {
                 id: effect_id(next(&mut it)?)?,
                 deadline_ms: parse_i64(next(&mut it)?)?,

@@ -4,13 +4,14 @@
 //!
 //! `quota.set`, `quota.reserve`, `quota.settle`, `quota.rollback`, `quota.expire`,
 //! `quota.extend`, `quota.charge`, `quota.reset`, `quota.window`, and `quota.exhausted` when a
-//! grant or charge leaves `available <= 0`.
+//! grant or charge leaves `available <= 0`. An expiry under `ONEXPIRE CHARGE` or `ELAPSED`
+//! publishes `quota.expire-charge` or `quota.expire-elapsed` instead of `quota.expire`.
 
 use std::ffi::CStr;
 
 use redis_module::{raw, Context, NotifyEvent, RedisString};
 
-use crate::core::ledger::Effect;
+use crate::core::ledger::{Effect, OnExpire};
 
 /// The event an effect publishes, if any (forgetting an old id is silent).
 fn event_of(effect: &Effect) -> Option<&'static CStr> {
@@ -20,7 +21,11 @@ fn event_of(effect: &Effect) -> Option<&'static CStr> {
         Effect::Grant { .. } => c"quota.reserve",
         Effect::Settle { .. } | Effect::SettleLate { .. } => c"quota.settle",
         Effect::Rollback { .. } => c"quota.rollback",
-        Effect::Release { .. } => c"quota.expire",
+        Effect::Release { on_expire, .. } => match on_expire {
+            OnExpire::Release => c"quota.expire",
+            OnExpire::Charge => c"quota.expire-charge",
+            OnExpire::Elapsed => c"quota.expire-elapsed",
+        },
         Effect::Extend { .. } => c"quota.extend",
         Effect::Charge { .. } => c"quota.charge",
         Effect::Forget { .. } => return None,

@@ -216,7 +216,7 @@ fn apply_all(
     }
 }
 
-/// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [AT ms]`
+/// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [KEEP n] [AT ms]`
 /// → `[granted, id|nil, denied_index, retry_after_ms, [value per key]]`.
 pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
@@ -228,7 +228,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     for _ in &names {
         amounts.push(a.next_amount("amount")?);
     }
-    let (mut id, mut ttl, mut at) = (None, None, None);
+    let (mut id, mut ttl, mut at, mut keep) = (None, None, None, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"ID") {
@@ -237,6 +237,9 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
             ttl = Some(a.next_positive("TTL")?);
+        } else if t.eq_ignore_ascii_case(b"KEEP") {
+            // One KEEP for every budget key; window keys ignore it.
+            keep = Some(a.next_amount("KEEP")?);
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
@@ -253,7 +256,8 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 check_new_id(b, id, max_id)?;
             }
         }
-        multi::plan_mreserve(limits, &amounts, id, ttl, wall, &policy).map_err(error_reply)
+        multi::plan_mreserve_keep(limits, &amounts, id, ttl, keep, wall, &policy)
+            .map_err(error_reply)
     })?;
     match outcome {
         MReserve::Retried { id } => {
@@ -328,8 +332,8 @@ fn apply_outcomes(
     ))
 }
 
-/// `QUOTA.MSETTLE numkeys key [key ...] id actual [actual ...] [AT ms]`
-/// → one `[status, charged, value]` per key.
+/// `QUOTA.MSETTLE numkeys key [key ...] id actual|ELAPSED [actual|ELAPSED ...] [AT ms]`
+/// → one `[status, charged, value]` per key (ELAPSED: budget keys with a UNIT only).
 pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
         return Ok(RedisValue::NoReply);
@@ -340,14 +344,23 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
     let mut actuals = Vec::with_capacity(names.len());
     for _ in &names {
-        actuals.push(a.next_amount("actual")?);
+        let t = a.next_bytes()?;
+        actuals.push(if t.eq_ignore_ascii_case(b"ELAPSED") {
+            multi::Actual::Elapsed
+        } else {
+            let n = crate::shell::args::parse_i64(t)?;
+            if n < 0 {
+                return Err(RedisError::Str("ERR actual must not be negative"));
+            }
+            multi::Actual::Units(n)
+        });
     }
     let at = parse_at_only(&mut a)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
-        multi::plan_msettle(limits, id, &actuals, wall, &policy).map_err(error_reply)
+        multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy).map_err(error_reply)
     })?;
     apply_outcomes(ctx, &mut opened, outcomes, wall)
 }

@@ -118,7 +118,7 @@ fn replicate_packed(ctx: &Context, command: &CStr, key: &RedisString, packed: &P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ledger::Settings;
+    use crate::core::ledger::{OnExpire, Settings};
     use crate::core::period::Period;
 
     #[test]
@@ -126,11 +126,25 @@ mod tests {
         let id = crate::core::book::Id::from_slice(b"r 1:x");
         let effects = [
             Effect::Configure {
+                settings: Settings::plain(5, 1, None, 9),
+                used: 2,
+                period: Period::none(),
+                bounds: None,
+            },
+            Effect::Configure {
                 settings: Settings {
-                    limit: 5,
-                    overdraft: 1,
-                    max_reserve: None,
-                    default_ttl_ms: 9,
+                    on_expire: OnExpire::Elapsed,
+                    unit_ms: Some(1000),
+                    ..Settings::plain(5, 1, Some(3), 9)
+                },
+                used: 2,
+                period: Period::none(),
+                bounds: None,
+            },
+            Effect::Configure {
+                settings: Settings {
+                    on_expire: OnExpire::Charge,
+                    ..Settings::plain(5, 1, Some(3), 9)
                 },
                 used: 2,
                 period: Period::none(),
@@ -154,7 +168,21 @@ mod tests {
                 actual: 5,
             },
             Effect::Rollback { id: id.clone() },
-            Effect::Release { id: id.clone() },
+            Effect::Release {
+                id: id.clone(),
+                on_expire: OnExpire::Release,
+                charge: 0,
+            },
+            Effect::Release {
+                id: id.clone(),
+                on_expire: OnExpire::Charge,
+                charge: 8,
+            },
+            Effect::Release {
+                id: id.clone(),
+                on_expire: OnExpire::Elapsed,
+                charge: 0,
+            },
             Effect::Extend {
                 id: id.clone(),
                 deadline_ms: 6,
@@ -216,6 +244,46 @@ mod tests {
         assert_eq!(
             packed.as_bytes(),
             b"1764485000000 GRANT 15:1764485000000-0 5 1764488600000"
+        );
+    }
+
+    #[test]
+    fn policy_tails_read_well_and_default_forms_are_unchanged() {
+        let release = |on_expire, charge| Effect::Release {
+            id: b"a"[..].into(),
+            on_expire,
+            charge,
+        };
+        let packed = pack_effects(
+            7,
+            &[
+                release(OnExpire::Release, 0),
+                release(OnExpire::Elapsed, 3),
+                Effect::Charge {
+                    amount: 1,
+                    overrun: 0,
+                    id: None,
+                    forced: false,
+                },
+            ],
+        );
+        assert_eq!(
+            packed.as_bytes(),
+            b"7 RELEASE 1:a RELEASE 1:a ONEXPIRE ELAPSED 3 CHARGE 1 0"
+        );
+        let configure = Effect::Configure {
+            settings: Settings {
+                on_expire: OnExpire::Charge,
+                unit_ms: Some(60000),
+                ..Settings::plain(5, 0, None, 9)
+            },
+            used: 0,
+            period: Period::none(),
+            bounds: None,
+        };
+        assert_eq!(
+            pack_effects(7, &[configure]).as_bytes(),
+            b"7 CONFIG 5 0 0 -1 9 NONE 3:UTC - - - ONEXPIRE CHARGE UNIT 60000"
         );
     }
 

@@ -66,13 +66,13 @@ fn held_before(b: &Budget, e: &Effect) -> i64 {
         Effect::Settle { id, .. }
         | Effect::SettleLate { id, .. }
         | Effect::Rollback { id }
-        | Effect::Release { id } => id,
+        | Effect::Release { id, .. } => id,
         _ => return -1,
     };
     match b.book().get(id) {
         Some(BookEntry::Pending(r)) => r.amount,
         Some(BookEntry::Finished(f)) => match f.outcome {
-            Outcome::Expired { amount } => amount,
+            Outcome::Expired { amount, .. } => amount,
             _ => -1,
         },
         None => -1,
@@ -110,7 +110,7 @@ fn entry_of(
         Effect::Settle { id, .. } => entry("settle", id, held, grew),
         Effect::SettleLate { id, .. } => entry("late_settle", id, held, grew),
         Effect::Rollback { id } => entry("rollback", id, held, grew),
-        Effect::Release { id } => entry("expire", id, held, grew),
+        Effect::Release { id, .. } => entry("expire", id, held, grew),
         Effect::Charge { id, forced, .. } => entry(
             if *forced { "forced_charge" } else { "charge" },
             id.as_ref().unwrap_or(&none),

@@ -1,5 +1,6 @@
-//! Test harness: each test starts its own redis-server (free port, the freshly built module, a
-//! temp dir) and stops it on drop. Never depends on a server already running.
+//! Test harness: each test starts its own server (free port, the freshly built module, a
+//! temp dir) and stops it on drop. Never depends on a server already running. The binary is
+//! `$REDIS_SERVER` (default `redis-server`; `make test` also runs everything on `valkey-server`).
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -17,6 +18,30 @@ use std::time::{Duration, Instant};
 
 pub use redis::Value;
 
+pub mod cluster;
+
+/// The server binary every test starts: `$REDIS_SERVER` (e.g. `valkey-server`), else
+/// `redis-server`. `make test` runs the integration suite once with each.
+pub fn server_bin() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
+/// The matching command-line client: `$REDIS_CLI`, else the server's name with `-server`
+/// replaced by `-cli` (`valkey-server` -> `valkey-cli`).
+pub fn cli_bin() -> String {
+    if let Some(c) = std::env::var("REDIS_CLI").ok().filter(|s| !s.is_empty()) {
+        return c;
+    }
+    let server = server_bin();
+    match server.strip_suffix("-server") {
+        Some(stem) => format!("{stem}-cli"),
+        None => "redis-cli".into(),
+    }
+}
+
 /// Path of the module under test: `$QUOTA_MODULE`, else the debug build.
 pub fn module_path() -> PathBuf {
     if let Ok(p) = std::env::var("QUOTA_MODULE") {
@@ -28,6 +53,21 @@ pub fn module_path() -> PathBuf {
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().unwrap().port()
+}
+
+/// A free port whose cluster bus port (port + 10000) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().unwrap().port();
+        if port > 55535 {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair (port, port + 10000)");
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -43,7 +83,7 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
-/// A redis-server with the module loaded, killed and cleaned up on drop.
+/// A server (`server_bin()`) with the module loaded, killed and cleaned up on drop.
 pub struct Server {
     pub port: u16,
     pub dir: PathBuf,
@@ -86,19 +126,24 @@ impl Server {
     }
 
     fn spawn(&mut self) {
+        let cluster = self.args.iter().any(|a| a == "--cluster-enabled");
         for _attempt in 0..5 {
-            self.port = free_port();
+            self.port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
             if self.launch() {
                 return;
             }
             self.kill();
         }
-        panic!("redis-server did not start; log:\n{}", self.log());
+        panic!("{} did not start; log:\n{}", server_bin(), self.log());
     }
 
-    /// Starts redis-server on `self.port` and waits until it answers PING.
+    /// Starts the server on `self.port` and waits until it answers PING.
     fn launch(&mut self) -> bool {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_bin());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
@@ -118,13 +163,14 @@ impl Server {
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         let child = cmd
             .spawn()
-            .expect("redis-server must be installed (make deps)");
+            .unwrap_or_else(|e| panic!("cannot run {} ({e}): make deps", server_bin()));
         self.child = Some(child);
         self.wait_ready()
     }
 
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Generous: a busy 2-CPU machine may start a dozen servers at once (tests/cluster.rs).
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(_)) = child.try_wait() {

@@ -122,14 +122,22 @@ pub fn budget_snapshot(c: &mut redis::Connection, key: &[u8]) -> Result<Option<S
         let mut pending = Vec::new();
         for e in entries {
             match e {
-                Value::Array(f) if f.len() == 4 => match (&f[0], &f[1], &f[2], &f[3]) {
+                Value::Array(f) if f.len() == 6 => match (&f[0], &f[1], &f[2], &f[3], &f[4], &f[5])
+                {
                     (
                         Value::BulkString(id),
                         Value::Int(amount),
                         Value::Int(age),
                         Value::Int(ttl),
+                        Value::Int(start),
+                        Value::Int(heartbeat),
                     ) => {
-                        if *age < 0 || *ttl <= 0 || *amount < 0 {
+                        // The last heartbeat, if any, is not before the start.
+                        if *age < 0
+                            || *ttl <= 0
+                            || *amount < 0
+                            || (*heartbeat != -1 && *heartbeat < *start)
+                        {
                             return Err(format!("bad PENDING entry {f:?}"));
                         }
                         pending.push((id.clone(), *amount));

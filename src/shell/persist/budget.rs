@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{options, DecodeError};
 use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
 use crate::core::id::StreamId;
-use crate::core::ledger::{Budget, Settings, UsageLog};
+use crate::core::ledger::{Budget, OnExpire, Settings, UsageLog};
 use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::check_id;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
@@ -14,8 +14,10 @@ use crate::shell::config::MAX_ID_LENGTH_RANGE;
 /// Encoding version of budget values written by this build.
 /// - 1: ledger, pending reservations, finished ids.
 /// - 2: adds the calendar period (kind, zone, anchor) and the current period's bounds.
-/// - 3: adds the usage log (stream key, MAXLEN), if any.
-pub const BUDGET_ENCVER: i32 = 3;
+/// - 3: adds the expiry policy (ONEXPIRE), the UNIT, each reservation's last heartbeat and
+///   each expiry's charge.
+/// - 4: adds the usage log (stream key, MAXLEN), if any.
+pub const BUDGET_ENCVER: i32 = 4;
 
 #[derive(Serialize, Deserialize)]
 enum OutcomeV1 {
@@ -54,28 +56,67 @@ struct BudgetV2 {
     bounds: Option<(i64, i64)>,
 }
 
-/// Encoding version 3: version 2 followed by the usage log `(stream key, max_len)`.
+/// Encoding version 3: version 2 followed by what issue 22 added.
 #[derive(Serialize, Deserialize)]
 struct BudgetV3 {
     v2: BudgetV2,
+    /// 0 RELEASE, 1 CHARGE, 2 ELAPSED.
+    on_expire: u8,
+    /// The UNIT in ms; `None`: plain units.
+    unit_ms: Option<i64>,
+    /// Each pending reservation's last heartbeat minus its start (0: none), in `pending` order
+    /// (one byte each without heartbeats).
+    heartbeats: Vec<i64>,
+    /// Each finished id's expiry charge (0 for every other outcome), in `finished` order.
+    charges: Vec<i64>,
+}
+
+/// Encoding version 4: version 3 followed by the usage log `(stream key, max_len)`.
+#[derive(Serialize, Deserialize)]
+struct BudgetV4 {
+    v3: BudgetV3,
     usage: Option<(Vec<u8>, i64)>,
+}
+
+/// What version 3 adds to a version-2 value.
+struct V3Extra {
+    on_expire: OnExpire,
+    unit_ms: Option<i64>,
+    heartbeats: Vec<i64>,
+    charges: Vec<i64>,
+}
+
+fn on_expire_code(p: OnExpire) -> u8 {
+    match p {
+        OnExpire::Release => 0,
+        OnExpire::Charge => 1,
+        OnExpire::Elapsed => 2,
+    }
 }
 
 /// Encodes a budget at the current encoding version.
 pub fn encode_budget(b: &Budget) -> Vec<u8> {
     let mut pending = Vec::new();
     let mut finished = Vec::new();
+    let (mut heartbeats, mut charges) = (Vec::new(), Vec::new());
     for (id, entry) in b.book.entries() {
         match entry {
-            Entry::Pending(r) => pending.push((id.to_vec(), r.amount, r.created_ms, r.deadline_ms)),
+            Entry::Pending(r) => {
+                pending.push((id.to_vec(), r.amount, r.created_ms, r.deadline_ms));
+                // An invariant: heartbeat >= start.
+                heartbeats.push(r.heartbeat_ms.saturating_sub(r.created_ms));
+            }
             Entry::Finished(f) => {
-                let o = match f.outcome {
-                    Outcome::Settled { actual, late } => OutcomeV1::Settled { actual, late },
-                    Outcome::RolledBack { amount } => OutcomeV1::RolledBack { amount },
-                    Outcome::Expired { amount } => OutcomeV1::Expired { amount },
-                    Outcome::Charged { amount } => OutcomeV1::Charged { amount },
+                let (o, charge) = match f.outcome {
+                    Outcome::Settled { actual, late } => (OutcomeV1::Settled { actual, late }, 0),
+                    Outcome::RolledBack { amount } => (OutcomeV1::RolledBack { amount }, 0),
+                    Outcome::Expired { amount, charged } => {
+                        (OutcomeV1::Expired { amount }, charged)
+                    }
+                    Outcome::Charged { amount } => (OutcomeV1::Charged { amount }, 0),
                 };
                 finished.push((id.to_vec(), o, f.finished_ms));
+                charges.push(charge);
             }
         }
     }
@@ -92,13 +133,20 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
         pending,
         finished,
     };
-    let v = BudgetV3 {
-        v2: BudgetV2 {
-            v1,
-            period_kind: b.period.kind,
-            tz: b.period.tz.clone(),
-            anchor_ms: b.period.anchor_ms,
-            bounds: b.period_bounds,
+    let v2 = BudgetV2 {
+        v1,
+        period_kind: b.period.kind,
+        tz: b.period.tz.clone(),
+        anchor_ms: b.period.anchor_ms,
+        bounds: b.period_bounds,
+    };
+    let v = BudgetV4 {
+        v3: BudgetV3 {
+            v2,
+            on_expire: on_expire_code(b.settings.on_expire),
+            unit_ms: b.settings.unit_ms,
+            heartbeats,
+            charges,
         },
         usage: b.usage.as_ref().map(|u| (u.stream.clone(), u.max_len)),
     };
@@ -113,21 +161,39 @@ pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
     match encver {
         1 => from_v1(options().deserialize(bytes).map_err(malformed)?, None, None),
         2 => from_v2(options().deserialize(bytes).map_err(malformed)?, None),
-        3 => {
-            let v3: BudgetV3 = options().deserialize(bytes).map_err(malformed)?;
-            let usage = v3
+        3 => from_v3(options().deserialize(bytes).map_err(malformed)?, None),
+        4 => {
+            let v4: BudgetV4 = options().deserialize(bytes).map_err(malformed)?;
+            let usage = v4
                 .usage
                 .map(|(stream, max_len)| UsageLog { stream, max_len });
-            from_v2(v3.v2, usage)
+            from_v3(v4.v3, usage)
         }
         v => Err(DecodeError::UnknownVersion(v)),
     }
 }
 
-fn from_v2(v2: BudgetV2, usage: Option<UsageLog>) -> Result<Budget, DecodeError> {
-    let period = Period::new(v2.period_kind, v2.tz.as_bytes(), v2.anchor_ms)
-        .map_err(DecodeError::invalid)?;
-    from_v1(v2.v1, Some((period, v2.bounds)), usage)
+fn from_v3(v3: BudgetV3, usage: Option<UsageLog>) -> Result<Budget, DecodeError> {
+    {
+        {
+            let on_expire = match v3.on_expire {
+                0 => OnExpire::Release,
+                1 => OnExpire::Charge,
+                2 => OnExpire::Elapsed,
+                _ => return Err(DecodeError::Invalid("unknown ONEXPIRE policy".into())),
+            };
+            let extra = V3Extra {
+                on_expire,
+                unit_ms: v3.unit_ms,
+                heartbeats: v3.heartbeats,
+                charges: v3.charges,
+            };
+            let mut b = from_v2(v3.v2, Some(extra))?;
+            b.usage = usage;
+            b.check_invariants().map_err(DecodeError::invalid)?;
+            Ok(b)
+        }
+    }
 }
 
 const BAD_ID: &str = "an id is empty, longer than 65536 bytes or repeated";
@@ -138,34 +204,76 @@ fn nameable(id: &[u8]) -> bool {
     check_id(id, MAX_ID_LENGTH_RANGE.1).is_ok()
 }
 
+fn from_v2(v2: BudgetV2, extra: Option<V3Extra>) -> Result<Budget, DecodeError> {
+    let period = Period::new(v2.period_kind, v2.tz.as_bytes(), v2.anchor_ms)
+        .map_err(DecodeError::invalid)?;
+    from_v1(v2.v1, Some((period, v2.bounds)), extra)
+}
+
 fn from_v1(
     v: BudgetV1,
     period: Option<(Period, Option<(i64, i64)>)>,
-    usage: Option<UsageLog>,
+    extra: Option<V3Extra>,
 ) -> Result<Budget, DecodeError> {
     let (period, period_bounds) = period.unwrap_or_else(|| (Period::none(), None));
+    let (on_expire, unit_ms, heartbeats, charges) = match extra {
+        Some(x) => (x.on_expire, x.unit_ms, Some(x.heartbeats), Some(x.charges)),
+        None => (OnExpire::Release, None, None, None),
+    };
+    let counts_differ = || DecodeError::Invalid("per-entry lists differ in length".into());
+    if heartbeats
+        .as_ref()
+        .is_some_and(|h| h.len() != v.pending.len())
+        || charges
+            .as_ref()
+            .is_some_and(|c| c.len() != v.finished.len())
+    {
+        return Err(counts_differ());
+    }
     let mut book = Book::default();
-    for (id, amount, created_ms, deadline_ms) in v.pending {
+    book.set_unit(unit_ms);
+    for (i, (id, amount, created_ms, deadline_ms)) in v.pending.into_iter().enumerate() {
         if !nameable(&id) || book.get(&id).is_some() {
             return Err(DecodeError::Invalid(BAD_ID.into()));
         }
+        let since = heartbeats
+            .as_ref()
+            .and_then(|h| h.get(i).copied())
+            .unwrap_or(0);
+        let heartbeat_ms = created_ms
+            .checked_add(since)
+            .ok_or_else(|| DecodeError::Invalid("heartbeat out of range".into()))?;
         book.put(
             &id,
             Entry::Pending(Reservation {
                 amount,
                 created_ms,
                 deadline_ms,
+                heartbeat_ms,
             }),
         );
     }
-    for (id, o, finished_ms) in v.finished {
+    for (i, (id, o, finished_ms)) in v.finished.into_iter().enumerate() {
         if !nameable(&id) || book.get(&id).is_some() {
             return Err(DecodeError::Invalid(BAD_ID.into()));
         }
+        let charge = charges
+            .as_ref()
+            .and_then(|c| c.get(i).copied())
+            .unwrap_or(0);
         let outcome = match o {
+            OutcomeV1::Expired { amount } => Outcome::Expired {
+                amount,
+                charged: charge,
+            },
+            // Only an expiry charges: anything else in the list was never written.
+            _ if charge != 0 => {
+                return Err(DecodeError::Invalid(
+                    "a charge on an id that did not expire".into(),
+                ))
+            }
             OutcomeV1::Settled { actual, late } => Outcome::Settled { actual, late },
             OutcomeV1::RolledBack { amount } => Outcome::RolledBack { amount },
-            OutcomeV1::Expired { amount } => Outcome::Expired { amount },
             OutcomeV1::Charged { amount } => Outcome::Charged { amount },
         };
         book.put(
@@ -187,6 +295,8 @@ fn from_v1(
                 _ => return Err(DecodeError::Invalid("MAXRESERVE below -1".into())),
             },
             default_ttl_ms: v.default_ttl_ms,
+            on_expire,
+            unit_ms,
         },
         used: v.used,
         reserved: v.reserved,
@@ -199,7 +309,7 @@ fn from_v1(
         book,
         period,
         period_bounds,
-        usage,
+        usage: None,
         index_tag: Default::default(),
     };
     budget.check_invariants().map_err(DecodeError::invalid)?;
@@ -213,10 +323,9 @@ mod tests {
 
     fn sample() -> Budget {
         let s = Settings {
-            limit: 1000,
-            overdraft: 5,
-            max_reserve: Some(600),
-            default_ttl_ms: 50,
+            on_expire: OnExpire::Elapsed,
+            unit_ms: Some(1000),
+            ..Settings::plain(1000, 5, Some(600), 50)
         };
         let mut b = Budget::new(s, 1);
         let p = Policy::default();
@@ -250,6 +359,37 @@ mod tests {
             },
         )
         .unwrap();
+        // A heartbeat, an expiry charged by ELAPSED, one released for nothing (no heartbeat),
+        // and a pending reservation with a heartbeat.
+        fn run(b: &mut Budget, t: i64, plan: Vec<Effect>) {
+            for e in &plan {
+                b.apply(t, e).unwrap();
+            }
+        }
+        let extend = b.plan_extend(30, &p, b"11-0", 50).unwrap().effects.to_vec();
+        run(&mut b, 30, extend);
+        let reserve = b
+            .plan_reserve(31, &p, 5, None, None)
+            .unwrap()
+            .effects
+            .to_vec();
+        run(&mut b, 31, reserve);
+        let extend = b
+            .plan_extend(40, &p, b"31-0", 100)
+            .unwrap()
+            .effects
+            .to_vec();
+        run(&mut b, 40, extend);
+        let sweep = b.plan_sweep(90, p.keep_ms, 10).to_vec();
+        assert_eq!(sweep.len(), 2);
+        run(&mut b, 90, sweep);
+        assert!(b.book.entries().any(|(_, e)| matches!(
+            e,
+            Entry::Finished(Finished {
+                outcome: Outcome::Expired { charged: 1, .. },
+                ..
+            })
+        )));
         b
     }
 
@@ -295,14 +435,7 @@ mod tests {
     fn ids_no_command_could_name_are_refused() {
         let pending = |id: Vec<u8>| {
             let mut b = Budget::new(sample().settings, 1);
-            b.book.put(
-                &id,
-                Entry::Pending(Reservation {
-                    amount: 1,
-                    created_ms: 1,
-                    deadline_ms: 2,
-                }),
-            );
+            b.book.put(&id, Entry::Pending(Reservation::new(1, 1, 2)));
             b.reserved = 1;
             decode_budget(BUDGET_ENCVER, &encode_budget(&b))
         };
@@ -323,8 +456,8 @@ mod tests {
             err.to_string(),
             "inconsistent payload: corrupt budget value: reserved differs from the pending sum"
         );
-        let mut v: BudgetV3 = options().deserialize(&encode_budget(&sample())).unwrap();
-        v.v2.v1.max_reserve = -7;
+        let mut v: BudgetV4 = options().deserialize(&encode_budget(&sample())).unwrap();
+        v.v3.v2.v1.max_reserve = -7;
         let err = decode_budget(BUDGET_ENCVER, &options().serialize(&v).unwrap()).unwrap_err();
         assert_eq!(err, DecodeError::Invalid("MAXRESERVE below -1".into()));
         let mut b = sample();

@@ -199,14 +199,25 @@ def parse_info(reply: Any, key: str) -> BudgetInfo | WindowInfo | None:
         tz=to_str(f["tz"]),
         period_start_ms=to_int(f["period_start_ms"]),
         period_end_ms=to_int(f["period_end_ms"]),
+        on_expire=to_str(f["on_expire"]) if "on_expire" in f else "RELEASE",
+        unit=to_str(f["unit"]) if "unit" in f else "none",
     )
 
 
 def parse_pending(reply: Any) -> list[PendingReservation]:
     out = []
     for entry in _seq(reply, None, "QUOTA.PENDING"):
-        e = _seq(entry, 4, "QUOTA.PENDING entry")
-        out.append(PendingReservation(to_str(e[0]), to_int(e[1]), to_int(e[2]), to_int(e[3])))
+        # Six fields since issue 22 (start, last heartbeat); four from earlier servers.
+        e = _seq(entry, None, "QUOTA.PENDING entry")
+        if len(e) not in (4, 6):
+            raise ValueError(f"unexpected QUOTA.PENDING entry reply: {e!r}")
+        start = to_int(e[4]) if len(e) == 6 else None
+        heartbeat = to_int(e[5]) if len(e) == 6 and to_int(e[5]) != -1 else None
+        out.append(
+            PendingReservation(
+                to_str(e[0]), to_int(e[1]), to_int(e[2]), to_int(e[3]), start, heartbeat
+            )
+        )
     return out
 
 

@@ -83,7 +83,11 @@ class WindowResult:
 
 @dataclass(frozen=True)
 class BudgetInfo:
-    """QUOTA.INFO of a budget key (13 fields; ``period_*_ms`` -1 without a period)."""
+    """QUOTA.INFO of a budget key (15 fields; ``period_*_ms`` -1 without a period).
+
+    ``on_expire`` (RELEASE, CHARGE, ELAPSED) and ``unit`` (ms, s, min, none) are the defaults
+    when an earlier server did not send them.
+    """
 
     key: str
     limit: int
@@ -99,6 +103,8 @@ class BudgetInfo:
     tz: str
     period_start_ms: int
     period_end_ms: int
+    on_expire: str = "RELEASE"
+    unit: str = "none"
 
 
 @dataclass(frozen=True)
@@ -120,12 +126,18 @@ class WindowInfo:
 
 @dataclass(frozen=True)
 class PendingReservation:
-    """One entry of QUOTA.PENDING: ``[id, amount, age_ms, ttl_ms]``."""
+    """One entry of QUOTA.PENDING: ``[id, amount, age_ms, ttl_ms, start_ms, heartbeat_ms]``.
+
+    ``start_ms``: the grant time (``None`` from a server before issue 22); ``heartbeat_ms``: the
+    last EXTEND (``None`` if none).
+    """
 
     id: str
     amount: int
     age_ms: int
     ttl_ms: int
+    start_ms: int | None = None
+    heartbeat_ms: int | None = None
 
 
 @dataclass(frozen=True)
