@@ -665,3 +665,46 @@ fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
     ok(&mut c, &settle);
     assert_eq!((xlen(&mut c, "{t}:u"), xlen(&mut c, "{t}:u2")), (1, 1));
 }
+
+#[test]
+fn charging_expiries_log_what_they_charged() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let t = |d: i64| (T + d).to_string();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "tok",
+            "LIMIT",
+            "1000",
+            "ONEXPIRE",
+            "CHARGE",
+            "STREAM",
+            "u",
+            "AT",
+            &t(0),
+        ],
+    );
+    ok(
+        &mut c,
+        &[
+            "QUOTA.RESERVE",
+            "tok",
+            "40",
+            "ID",
+            "a",
+            "TTL",
+            "10",
+            "AT",
+            &t(0),
+        ],
+    );
+    // A later write releases the expired reservation, charging its 40.
+    ok(&mut c, &["QUOTA.CHARGE", "tok", "1", "AT", &t(100)]);
+    let got: Vec<Fields> = entries(&mut c, "u").into_iter().map(|(_, f)| f).collect();
+    assert_eq!(got[0][1].1, "expire");
+    assert_eq!((got[0][3].1.as_str(), got[0][4].1.as_str()), ("40", "40"));
+    let sum: i64 = got.iter().map(|f| f[4].1.parse::<i64>().unwrap()).sum();
+    assert_eq!(sum, info_at(&mut c, "tok", T + 100)["used"]);
+}
