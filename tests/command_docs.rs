@@ -129,6 +129,7 @@ fn arguments_carry_type_token_and_flags() {
             a("amount", "integer", "", ""),
             a("id", "string", "ID", "optional"),
             a("ttl_ms", "integer", "TTL", "optional"),
+            a("keep", "integer", "KEEP", "optional"),
             at.clone(),
         ]
     );
@@ -139,6 +140,7 @@ fn arguments_carry_type_token_and_flags() {
             a("amount", "integer", "", ""),
             a("id", "string", "ID", "optional"),
             a("force", "pure-token", "FORCE", "optional"),
+            a("keep", "integer", "KEEP", "optional"),
             at.clone(),
         ]
     );
@@ -169,6 +171,8 @@ fn arguments_carry_type_token_and_flags() {
             "PERIOD",
             "TZ",
             "ANCHOR",
+            "ONEXPIRE",
+            "UNIT",
             "STREAM",
             "STREAMMAXLEN",
             "",
@@ -206,9 +210,21 @@ fn arguments_carry_type_token_and_flags() {
             a("amount", "integer", "", "multiple"),
             a("id", "string", "ID", "optional"),
             a("ttl_ms", "integer", "TTL", "optional"),
+            a("keep", "integer", "KEEP", "optional"),
             at.clone(),
         ]
     );
+    // SETTLE's third argument: an integer or the word ELAPSED (a time budget).
+    let settle = args(&mut c, "QUOTA.SETTLE");
+    assert_eq!(
+        (
+            settle[2].0.as_str(),
+            settle[2].1.as_str(),
+            settle[2].3.as_str()
+        ),
+        ("actual", "oneof", "")
+    );
+    assert_eq!(settle[2].4, ["", "ELAPSED"]);
     let apply = args(&mut c, "QUOTA.APPLY");
     assert_eq!(apply[2].3, "optional,multiple");
 }
@@ -413,7 +429,7 @@ fn help_lists_every_command_like_xinfo_help() {
     }
     assert_eq!(
         lines[3],
-        "QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms] -- Reserves an amount \
+        "QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms] -- Reserves an amount \
          before the work: granted with the reservation's id, or denied with retry_after_ms. \
          Settle or roll back by id."
     );

@@ -161,7 +161,7 @@ impl<'a> Args<'a> {
     /// The error for the argument just read, which is not an integer.
     #[cold]
     #[inline(never)]
-    fn not_an_integer(&self) -> RedisError {
+    pub fn not_an_integer(&self) -> RedisError {
         // Its index in argv (the cursor has moved past it).
         let at = self.pos.saturating_sub(1);
         let got = self.all.get(at).map_or(&b""[..], |a| a.as_slice());

@@ -519,7 +519,10 @@ fn key_id_tail<'a>(a: &mut Args<'a>, num: Num) -> Result<KeyIdArgs<'a>, RedisErr
             if t.eq_ignore_ascii_case(b"ELAPSED") {
                 None
             } else {
-                Some(crate::shell::args::parse_i64(t)?)
+                match crate::shell::args::parse_canonical_i64(t) {
+                    Some(n) => Some(n),
+                    None => return Err(a.not_an_integer()),
+                }
             }
         }
     };
