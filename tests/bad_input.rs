@@ -198,7 +198,7 @@ const WINDOW_USAGE: &str = "Usage: QUOTA.WINDOW key [limit window_ms] [COST cost
 const SET_USAGE: &str = "Usage: QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] \
      [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
      [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] \
-     [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [NX|XX] [AT unix_ms]";
+     [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]";
 
 /// Error lines name the argument at fault and say what to do next (issue 23): the argument's
 /// name, the value got, the key taken for an option, and the command's usage line. Codes and

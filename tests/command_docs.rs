@@ -173,6 +173,8 @@ fn arguments_carry_type_token_and_flags() {
             "ANCHOR",
             "ONEXPIRE",
             "UNIT",
+            "STREAM",
+            "STREAMMAXLEN",
             "",
             "AT"
         ]

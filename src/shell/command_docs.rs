@@ -290,6 +290,8 @@ pub static COMMANDS: &[CommandDoc] = &[
                 word(c"NONE", c"none"),
             ])
             .summary(c"a time budget's unit: SETTLE key id ELAPSED and ONEXPIRE ELAPSED measure in it"),
+            option(c"STREAM", c"stream_key", Kind::String).summary(c"the usage log: a Redis Stream getting one entry per charge (same slot in a cluster); empty: off"),
+            option(c"STREAMMAXLEN", c"stream_maxlen", Kind::Integer).summary(c"trims the usage stream to about this many entries (default 1000000; 0: never)"),
             one_of(None, c"condition", &[
                 word(c"NX", c"nx").summary(c"only create"),
                 word(c"XX", c"xx").summary(c"only change an existing budget"),
@@ -903,7 +905,7 @@ mod tests {
             usage("QUOTA.SET"),
             "QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] [LIMIT limit] \
              [USED used] [OVERDRAFT overdraft] [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
-             [TZ zone] [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [NX|XX] [AT unix_ms]"
+             [TZ zone] [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]"
         );
         assert_eq!(
             usage("QUOTA.APPLY"),

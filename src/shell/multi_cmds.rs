@@ -24,6 +24,7 @@ use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::error_reply;
+use crate::shell::usage;
 use crate::shell::window_cmds::no_window_config;
 use crate::shell::window_type::WINDOW_TYPE;
 use crate::shell::{clock, config, key_specs, stats, window_effects};
@@ -171,6 +172,24 @@ fn apply_all(
     planned: &[KeyEffects],
     wall: i64,
 ) -> Result<Vec<i64>, RedisError> {
+    // A budget whose usage stream key holds another type refuses the whole command before any
+    // key changes (a ledger change must not go unlogged, nor one key change without the others).
+    let mut refused = None;
+    for (o, p) in opened.iter().zip(planned) {
+        if let KeyEffects::Budget { effects, .. } = p {
+            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
+                if usage::may_log(b, effects) {
+                    if let Err(e) = usage::check_stream(ctx, b, effects) {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(e) = refused {
+        return Err(abort(opened, e));
+    }
     let mut failed = None;
     for (o, p) in opened.iter_mut().zip(planned) {
         if failed.is_some() || p.is_empty() {
