@@ -226,7 +226,11 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let names = parse_keys(&mut a)?;
     let mut amounts = Vec::with_capacity(names.len());
     for _ in &names {
-        amounts.push(a.next_amount("amount")?);
+        let n = a.next_i64_as("amount")?;
+        if n < 0 {
+            return Err(RedisError::Str("ERR amount must not be negative"));
+        }
+        amounts.push(n);
     }
     let (mut id, mut ttl, mut at, mut keep) = (None, None, None, None);
     while !a.is_empty() {
@@ -348,7 +352,9 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
         actuals.push(if t.eq_ignore_ascii_case(b"ELAPSED") {
             multi::Actual::Elapsed
         } else {
-            let n = crate::shell::args::parse_i64(t)?;
+            let Some(n) = crate::shell::args::parse_canonical_i64(t) else {
+                return Err(a.not_an_integer_as(Some("actual")));
+            };
             if n < 0 {
                 return Err(RedisError::Str("ERR actual must not be negative"));
             }
@@ -394,7 +400,7 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let names = parse_keys(&mut a)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let ttl = a.next_i64()?;
+    let ttl = a.next_i64_as("ttl_ms")?;
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
     }
