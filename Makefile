@@ -41,8 +41,10 @@ run: release
 
 ## test: everything — unit and property tests, then the integration suite (each test starts its
 ## own servers, tests/cluster.rs a 3+3 cluster) and the Python tests (make pytest) once per
-## server in TEST_SERVERS.
+## server in TEST_SERVERS; quota-export's tests (exporter/: a SQLite file and a throwaway
+## PostgreSQL server) once, against the first server.
 test: build
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) $(CARGO) test -p quota-export -- --test-threads=2
 	@set -e; first=1; for server in $(TEST_SERVERS); do \
 	  echo "== make test: $$server ($$($$server --version | cut -d' ' -f1-3))"; \
 	  if [ $$first = 1 ]; then \
@@ -101,7 +103,7 @@ soak: release
 ## lint: formatting and clippy, warnings are errors.
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(MAKE) --no-print-directory pylint
 
 fmt:

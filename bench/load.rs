@@ -71,6 +71,8 @@ pub enum Kind {
     LuaDaily,
     Reserve,
     Cycle,
+    /// The cycle with the budgets' usage log on (`QUOTA.SET ... STREAM`): one XADD per settle.
+    CycleStream,
     Rollback,
     Charge,
     Window,
@@ -82,7 +84,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Incr,
         Kind::Hincrby,
         Kind::Floor,
@@ -93,6 +95,7 @@ impl Kind {
         Kind::LuaDaily,
         Kind::Reserve,
         Kind::Cycle,
+        Kind::CycleStream,
         Kind::Rollback,
         Kind::Charge,
         Kind::Window,
@@ -130,6 +133,7 @@ impl Kind {
             Kind::LuaDaily => "Lua daily counter",
             Kind::Reserve => "QUOTA.RESERVE",
             Kind::Cycle => "QUOTA.RESERVE+SETTLE",
+            Kind::CycleStream => "QUOTA.RESERVE+SETTLE, usage stream on",
             Kind::Rollback => "QUOTA.ROLLBACK",
             Kind::Charge => "QUOTA.CHARGE (PERIOD DAY)",
             Kind::Window => "QUOTA.WINDOW",
@@ -154,7 +158,7 @@ impl Kind {
             | Kind::LuaMReserve
             | Kind::LuaMCycle => &["evalsha"],
             Kind::Reserve => &["quota.reserve"],
-            Kind::Cycle => &["quota.reserve", "quota.settle"],
+            Kind::Cycle | Kind::CycleStream => &["quota.reserve", "quota.settle"],
             Kind::Rollback => &["quota.rollback"],
             Kind::Charge => &["quota.charge"],
             Kind::Window => &["quota.window"],
@@ -166,7 +170,9 @@ impl Kind {
     /// What one operation is (a cycle is two calls).
     pub fn unit(self) -> &'static str {
         match self {
-            Kind::LuaCycle | Kind::Cycle | Kind::LuaMCycle | Kind::MCycle => "cycle",
+            Kind::LuaCycle | Kind::Cycle | Kind::CycleStream | Kind::LuaMCycle | Kind::MCycle => {
+                "cycle"
+            }
             _ => "call",
         }
     }
@@ -360,6 +366,20 @@ fn setup(con: &mut Connection, kind: Kind) -> Result<()> {
                     .arg(BIG_LIMIT)
                     .arg("TTL")
                     .arg(3_600_000)
+                    .ignore();
+            }
+            Kind::CycleStream => {
+                // One stream per budget, trimmed as a deployment would (~100 000 entries).
+                p.cmd("QUOTA.SET")
+                    .arg(budget_key(k))
+                    .arg("LIMIT")
+                    .arg(BIG_LIMIT)
+                    .arg("TTL")
+                    .arg(3_600_000)
+                    .arg("STREAM")
+                    .arg(format!("bench:u:{k}"))
+                    .arg("STREAMMAXLEN")
+                    .arg(100_000)
                     .ignore();
             }
             Kind::Charge => {
@@ -837,7 +857,7 @@ fn batch(
             }
             return Ok(Some(settles as u64));
         }
-        Kind::LuaCycle | Kind::Cycle => {
+        Kind::LuaCycle | Kind::Cycle | Kind::CycleStream => {
             // One round trip per batch: settle what the previous batch reserved (with the ids
             // its replies returned), then make `depth` new reservations, as a gateway's
             // connection interleaves the settles of finished calls with new calls' reserves.

@@ -76,7 +76,7 @@ const MULTI_NOTE: &str = "The 5-key rows: one request against 3 budgets (a `QUOT
 fn lua_twin(kind: Kind) -> Option<Kind> {
     Some(match kind {
         Kind::Reserve | Kind::Floor => Kind::LuaReserve,
-        Kind::Cycle => Kind::LuaCycle,
+        Kind::Cycle | Kind::CycleStream => Kind::LuaCycle,
         Kind::Rollback => Kind::LuaRollback,
         Kind::Charge => Kind::LuaDaily,
         Kind::Window => Kind::LuaWindow,
@@ -516,6 +516,23 @@ fn goals(cfg: &Config, r: &Results) -> String {
         &x,
         "≥ 4×",
         &|v| v >= 4.0,
+    );
+    row(
+        "RESERVE+SETTLE with the usage stream on ÷ off, server cost",
+        div(cost(Kind::CycleStream), cost(Kind::Cycle)),
+        &x,
+        "≤ 1.5×",
+        &|v| v <= 1.5,
+    );
+    row(
+        "RESERVE+SETTLE with the usage stream on ÷ off, cycles/s (depth 1)",
+        div(
+            r.ops_per_sec(Kind::Cycle, 1),
+            r.ops_per_sec(Kind::CycleStream, 1),
+        ),
+        &x,
+        "≤ 1.5× (off ÷ on)",
+        &|v| v <= 1.5,
     );
     row(
         "QUOTA.WINDOW server cost ÷ ZSET Lua window's",

@@ -423,3 +423,59 @@ fn metrics_user_runs_the_exporter_script() {
     assert_noperm(&mut root, &mut m, &["QUOTA.INFO", "quota:acme"], NO_COMMAND);
     assert_noperm(&mut root, &mut m, &["GET", "quota:acme"], NO_COMMAND);
 }
+
+#[test]
+fn usage_exporter_user_consumes_streams_and_reads_budgets_only() {
+    let s = Server::start(&[]);
+    let users = create_users(&s);
+    let mut root = s.conn();
+    let mut admin = conn_as(&s, &users, "quota-admin");
+    ok(
+        &mut admin,
+        &[
+            "QUOTA.SET",
+            "quota:b",
+            "LIMIT",
+            "10",
+            "STREAM",
+            "quota:usage",
+        ],
+    );
+    ok(&mut admin, &["QUOTA.CHARGE", "quota:b", "3"]);
+    let mut e = conn_as(&s, &users, "quota-export");
+    ok(
+        &mut e,
+        &["XGROUP", "CREATE", "quota:usage", "g", "0", "MKSTREAM"],
+    );
+    let r = ok(
+        &mut e,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "STREAMS",
+            "quota:usage",
+            ">",
+        ],
+    );
+    let id = text(&items(&items(&items(&items(&r)[0])[1])[0])[0]);
+    ok(&mut e, &["XAUTOCLAIM", "quota:usage", "g", "c", "0", "0-0"]);
+    ok(&mut e, &["XINFO", "GROUPS", "quota:usage"]);
+    ok(&mut e, &["XINFO", "STREAM", "quota:usage"]);
+    assert_eq!(int(&ok(&mut e, &["XACK", "quota:usage", "g", &id])), 1);
+    ok(&mut e, &["QUOTA.INFO", "quota:b"]);
+    assert_noperm(
+        &mut root,
+        &mut e,
+        &["XADD", "quota:usage", "*", "a", "1"],
+        NO_COMMAND,
+    );
+    assert_noperm(
+        &mut root,
+        &mut e,
+        &["QUOTA.CHARGE", "quota:b", "1"],
+        NO_COMMAND,
+    );
+    assert_noperm(&mut root, &mut e, &["XINFO", "GROUPS", "other"], NO_KEY);
+}

@@ -189,15 +189,16 @@ fn error_line(c: &mut redis::Connection, args: &[&str]) -> String {
     }
 }
 
-const RESERVE_USAGE: &str = "Usage: QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms]";
+const RESERVE_USAGE: &str =
+    "Usage: QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms]";
 const MRESERVE_USAGE: &str = "Usage: QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] \
-     [ID id] [TTL ttl_ms] [AT unix_ms]";
+     [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms]";
 const WINDOW_USAGE: &str = "Usage: QUOTA.WINDOW key [limit window_ms] [COST cost] \
      [PRECISION precision_ms] [PEEK] [AT unix_ms]";
 const SET_USAGE: &str = "Usage: QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] \
      [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
      [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] \
-     [ANCHOR anchor_ms] [NX|XX] [AT unix_ms]";
+     [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]";
 
 /// Error lines name the argument at fault and say what to do next (issue 23): the argument's
 /// name, the value got, the key taken for an option, and the command's usage line. Codes and
@@ -237,7 +238,7 @@ fn error_lines_name_the_argument_and_give_the_usage() {
         (
             vec!["QUOTA.SETTLE", "b:1", "p"],
             "ERR wrong number of arguments for 'QUOTA.SETTLE' command. Usage: QUOTA.SETTLE key \
-             id actual [AT unix_ms]"
+             id actual|ELAPSED [AT unix_ms]"
                 .into(),
         ),
         (
@@ -255,7 +256,7 @@ fn error_lines_name_the_argument_and_give_the_usage() {
         (
             vec!["QUOTA.CHARGE", "b:1"],
             "ERR wrong number of arguments for 'QUOTA.CHARGE' command. Usage: QUOTA.CHARGE key \
-             amount [ID id] [FORCE] [AT unix_ms]"
+             amount [ID id] [FORCE] [KEEP keep] [AT unix_ms]"
                 .into(),
         ),
         // Redis checks the key's presence itself (arity -2): its own sentence.
@@ -267,7 +268,7 @@ fn error_lines_name_the_argument_and_give_the_usage() {
         (
             vec!["QUOTA.SETTLE", "b:1", "p", "all"],
             "ERR actual is not an integer or out of range: got 'all'. Usage: QUOTA.SETTLE key \
-             id actual [AT unix_ms]"
+             id actual|ELAPSED [AT unix_ms]"
                 .into(),
         ),
         (
@@ -280,7 +281,7 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             vec!["QUOTA.CHARGE", "b:1", "FORCE", "5"],
             "ERR amount is not an integer or out of range: got 'FORCE', an option: amount \
              comes before the options. Usage: QUOTA.CHARGE key amount [ID id] [FORCE] \
-             [AT unix_ms]"
+             [KEEP keep] [AT unix_ms]"
                 .into(),
         ),
         // An option's value that is not an integer, or is missing.
@@ -316,7 +317,7 @@ fn error_lines_name_the_argument_and_give_the_usage() {
         (
             vec!["QUOTA.SETTLE", "b:1", "p", "1", "2"],
             "ERR syntax error near '2': QUOTA.SETTLE takes no such option. Usage: QUOTA.SETTLE \
-             key id actual [AT unix_ms]"
+             key id actual|ELAPSED [AT unix_ms]"
                 .into(),
         ),
         (
@@ -340,6 +341,23 @@ fn error_lines_name_the_argument_and_give_the_usage() {
         (
             vec!["QUOTA.MRESERVE", "1", "b:1", "5", "TTL"],
             format!("ERR TTL needs a value: TTL ttl_ms. {MRESERVE_USAGE}"),
+        ),
+        // The multi-key commands name a repeated argument too.
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "abc"],
+            format!("ERR amount is not an integer or out of range: got 'abc'. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.MSETTLE", "1", "b:1", "p", "abc"],
+            "ERR actual is not an integer or out of range: got 'abc'. Usage: QUOTA.MSETTLE \
+             numkeys key [key ...] id actual|ELAPSED [actual|ELAPSED ...] [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.MEXTEND", "1", "b:1", "p", "abc"],
+            "ERR ttl_ms is not an integer or out of range: got 'abc'. Usage: QUOTA.MEXTEND \
+             numkeys key [key ...] id ttl_ms [AT unix_ms]"
+                .into(),
         ),
         (
             vec!["QUOTA.SET", "w", "WINDOW"],

@@ -586,7 +586,7 @@ fn resp3_replies_are_maps_and_arrays() {
     ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "10"]);
     match ok(&mut c, &["QUOTA.INFO", "t"]) {
         Value::Map(m) => {
-            assert_eq!(m.len(), 15);
+            assert_eq!(m.len(), 17);
             assert_eq!(text(&m[9].0), "period");
             assert_eq!(text(&m[9].1), "NONE");
             assert_eq!(text(&m[0].0), "limit");

@@ -130,6 +130,7 @@ fn arguments_carry_type_token_and_flags() {
             a("amount", "integer", "", ""),
             a("id", "string", "ID", "optional"),
             a("ttl_ms", "integer", "TTL", "optional"),
+            a("keep", "integer", "KEEP", "optional"),
             at.clone(),
         ]
     );
@@ -140,6 +141,7 @@ fn arguments_carry_type_token_and_flags() {
             a("amount", "integer", "", ""),
             a("id", "string", "ID", "optional"),
             a("force", "pure-token", "FORCE", "optional"),
+            a("keep", "integer", "KEEP", "optional"),
             at.clone(),
         ]
     );
@@ -170,6 +172,10 @@ fn arguments_carry_type_token_and_flags() {
             "PERIOD",
             "TZ",
             "ANCHOR",
+            "ONEXPIRE",
+            "UNIT",
+            "STREAM",
+            "STREAMMAXLEN",
             "",
             "AT"
         ]
@@ -205,9 +211,21 @@ fn arguments_carry_type_token_and_flags() {
             a("amount", "integer", "", "multiple"),
             a("id", "string", "ID", "optional"),
             a("ttl_ms", "integer", "TTL", "optional"),
+            a("keep", "integer", "KEEP", "optional"),
             at.clone(),
         ]
     );
+    // SETTLE's third argument: an integer or the word ELAPSED (a time budget).
+    let settle = args(&mut c, "QUOTA.SETTLE");
+    assert_eq!(
+        (
+            settle[2].0.as_str(),
+            settle[2].1.as_str(),
+            settle[2].3.as_str()
+        ),
+        ("actual", "oneof", "")
+    );
+    assert_eq!(settle[2].4, ["", "ELAPSED"]);
     let apply = args(&mut c, "QUOTA.APPLY");
     assert_eq!(apply[2].3, "optional,multiple");
 }
@@ -412,7 +430,7 @@ fn help_lists_every_command_like_xinfo_help() {
     }
     assert_eq!(
         lines[3],
-        "QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms] -- Reserves an amount \
+        "QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms] -- Reserves an amount \
          before the work: granted with the reservation's id, or denied with retry_after_ms. \
          Settle or roll back by id."
     );

@@ -26,7 +26,9 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 
 use redis_quota::core::book::Id;
 use redis_quota::core::error::LedgerError;
-use redis_quota::core::ledger::{Budget, Effect, OnExpire, Policy, ReserveReply, Settings};
+use redis_quota::core::ledger::{
+    Budget, Effect, OnExpire, Policy, ReserveReply, Settings, UsageLog,
+};
 use redis_quota::core::period::{Period, PeriodKind};
 use redis_quota::core::window::{IdPlan, Window, WindowConfig, WindowEffect, WindowParams};
 use redis_quota::shell::effects;
@@ -184,6 +186,10 @@ fn budget() -> impl Strategy<Value = (Budget, i64)> {
         period(),
         0i64..100_000,
         proptest::collection::vec(op(), 0..40),
+        proptest::option::of((
+            proptest::collection::vec(any::<u8>(), 1..40),
+            0i64..2_000_000,
+        )),
         // Expiry policy and unit: heartbeats and expiry charges in the encoding.
         prop_oneof![
             Just((OnExpire::Release, None)),
@@ -193,7 +199,17 @@ fn budget() -> impl Strategy<Value = (Budget, i64)> {
         ],
     )
         .prop_map(
-            |(limit, overdraft, max_reserve, ttl, period, keep_ms, ops, (on_expire, unit_ms))| {
+            |(
+                limit,
+                overdraft,
+                max_reserve,
+                ttl,
+                period,
+                keep_ms,
+                ops,
+                usage,
+                (on_expire, unit_ms),
+            )| {
                 let settings = Settings {
                     limit,
                     overdraft,
@@ -206,6 +222,16 @@ fn budget() -> impl Strategy<Value = (Budget, i64)> {
                 let create = Budget::plan_create(now, settings, 0, period).unwrap();
                 let mut b = Budget::new(settings, now);
                 b.apply(now, &create).unwrap();
+                // Sometimes a usage log (budget encoding 3's addition).
+                if let Some((stream, max_len)) = usage {
+                    b.apply(
+                        now,
+                        &Effect::Usage {
+                            log: Some(UsageLog { stream, max_len }),
+                        },
+                    )
+                    .unwrap();
+                }
                 let policy = Policy {
                     keep_ms,
                     max_pending: i64::MAX,
@@ -740,14 +766,27 @@ fn effect() -> impl Strategy<Value = Effect> {
             },
         }),
         (id.clone(), n.clone()).prop_map(|(id, deadline_ms)| Effect::Extend { id, deadline_ms }),
-        (n.clone(), n.clone(), proptest::option::of(id.clone())).prop_map(
-            |(amount, overrun, id)| Effect::Charge {
+        (
+            n.clone(),
+            n.clone(),
+            proptest::option::of(id.clone()),
+            any::<bool>()
+        )
+            .prop_map(|(amount, overrun, id, forced)| Effect::Charge {
                 amount,
                 overrun,
-                id
+                id,
+                forced
+            }),
+        id.clone().prop_map(|id| Effect::Forget { id }),
+        (proptest::option::of(id), 0i64..2_000_000).prop_map(|(stream, max_len)| {
+            Effect::Usage {
+                log: stream.map(|s| UsageLog {
+                    stream: s.to_vec(),
+                    max_len,
+                }),
             }
-        ),
-        id.prop_map(|id| Effect::Forget { id }),
+        }),
     ]
 }
 

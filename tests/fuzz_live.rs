@@ -297,6 +297,16 @@ impl Fuzzer {
                         ]);
                     }
                 }
+                if self.rng.one_in(6) {
+                    // The usage log: a few shared streams, off, or a MAXLEN change alone.
+                    let stream = *self.rng.pick(&["fz:u0", "fz:u1", "", "-"]);
+                    if stream != "-" {
+                        a.extend([b("STREAM"), b(stream)]);
+                    }
+                    if self.rng.one_in(2) {
+                        a.extend([b("STREAMMAXLEN"), n(self.rng.below(50) as i64)]);
+                    }
+                }
                 if self.rng.one_in(4) {
                     // ELAPSED without a unit is refused (ERR): both happen.
                     let p = *self.rng.pick(&["RELEASE", "CHARGE", "ELAPSED"]);
@@ -625,8 +635,8 @@ fn shape_ok(name: &str, v: &Value) -> bool {
         // A budget's 15 fields or a window key's 7.
         "QUOTA.INFO" => match v {
             Value::Nil => true,
-            Value::Array(a) => a.len() == 30 || a.len() == 14,
-            Value::Map(m) => m.len() == 15 || m.len() == 7,
+            Value::Array(a) => a.len() == 34 || a.len() == 14,
+            Value::Map(m) => m.len() == 17 || m.len() == 7,
             _ => false,
         },
         "QUOTA.MRESERVE" => match v {

@@ -130,6 +130,8 @@ fn budget_encoding_v3_loads() {
             ("period_end_ms", "4105123200000"),
             ("on_expire", "ELAPSED"),
             ("unit", "min"),
+            ("stream", ""),
+            ("stream_maxlen", "-1"),
         ])
     );
     // Starts and last heartbeats survive (-1: none).
@@ -248,6 +250,8 @@ fn budget_encoding_v2_and_window_encoding_v1_still_load() {
             ("period_end_ms", "4102527600000"),
             ("on_expire", "RELEASE"),
             ("unit", "none"),
+            ("stream", ""),
+            ("stream_maxlen", "-1"),
         ])
     );
     let p = items(&ok(&mut c, &["QUOTA.PENDING", "golden", "AT", &t(6)]));
@@ -310,6 +314,8 @@ fn budget_encoding_v2_and_window_encoding_v1_still_load() {
             ("period_end_ms", "4105036800000"),
             ("on_expire", "RELEASE"),
             ("unit", "none"),
+            ("stream", ""),
+            ("stream_maxlen", "-1"),
         ])
     );
     let p = items(&ok(&mut c, &["QUOTA.PENDING", "monthly", "AT", &t(11)]));
@@ -640,4 +646,72 @@ fn forged_effects_in_an_aof_are_refused() {
     assert_eq!(keys(&mut c), ["k"]);
     let i = info(&mut c, "k");
     assert_eq!((i["used"], i["reserved"], i["pending"]), (0, 2, 1));
+}
+
+/// budget-v4.rdb: budget encoding 4 (the usage log: stream key and MAXLEN), with the stream
+/// it logged to, written by a debug build of branch `usage` merged with main at 53b1edc
+/// (encoding 3 being issue 22's) with `quota.test-clock yes` (T = 4102444800000):
+///
+/// ```text
+/// QUOTA.SET {g}:b LIMIT 1000 USED 3 PERIOD DAY TZ Europe/Paris STREAM {g}:usage STREAMMAXLEN 500 AT T
+/// QUOTA.RESERVE {g}:b 100 ID a AT T+1
+/// QUOTA.SETTLE {g}:b a 120 AT T+2
+/// QUOTA.RESERVE {g}:b 50 ID b TTL 600000 AT T+3
+/// QUOTA.CHARGE {g}:b 7 ID c1 FORCE AT T+4
+/// QUOTA.SET plain LIMIT 10 AT T
+/// SAVE
+/// ```
+#[test]
+fn budget_encoding_v4_with_a_usage_log_still_loads() {
+    let rdb = include_bytes!("fixtures/budget-v4.rdb");
+    let s = Server::start_with_files(
+        &[],
+        &["test-clock", "yes", "sweep-effort", "0"],
+        &[("dump.rdb", rdb)],
+    );
+    let mut c = s.conn();
+    assert_eq!(keys(&mut c), ["plain", "{g}:b", "{g}:usage"]);
+    let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
+    let fields = info_fields(&mut c, "{g}:b", &t(5));
+    assert_eq!(
+        fields[1..3],
+        pairs(&[("used", "130"), ("reserved", "50")])[..]
+    );
+    assert_eq!(
+        fields[15..],
+        pairs(&[("stream", "{g}:usage"), ("stream_maxlen", "500")])[..]
+    );
+    assert_eq!(
+        info_fields(&mut c, "plain", &t(5))[15..],
+        pairs(&[("stream", ""), ("stream_maxlen", "-1")])[..]
+    );
+    assert_eq!(int(&ok(&mut c, &["XLEN", "{g}:usage"])), 3);
+    // The loaded budget still logs: the settle of b appends the fourth entry.
+    ok(&mut c, &["QUOTA.SETTLE", "{g}:b", "b", "40", "AT", &t(6)]);
+    let last = items(&ok(
+        &mut c,
+        &["XREVRANGE", "{g}:usage", "+", "-", "COUNT", "1"],
+    ));
+    let kv: Vec<String> = items(&items(&last[0])[1]).iter().map(text).collect();
+    assert_eq!(
+        kv,
+        [
+            "key",
+            "{g}:b",
+            "event",
+            "settle",
+            "id",
+            "b",
+            "held",
+            "50",
+            "charged",
+            "40",
+            "used",
+            "170",
+            "period_start",
+            "4102441200000",
+            "at",
+            &t(6)
+        ]
+    );
 }

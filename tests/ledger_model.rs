@@ -278,6 +278,7 @@ enum Change {
         amount: i64,
         overrun: i64,
         id: Option<Vec<u8>>,
+        forced: bool,
     },
 }
 
@@ -701,6 +702,7 @@ impl Model {
                         amount,
                         overrun,
                         id: id.clone(),
+                        forced: *force,
                     },
                 )
             }
@@ -754,10 +756,12 @@ impl Model {
                 amount,
                 overrun,
                 id,
+                forced,
             } => Effect::Charge {
                 amount: *amount,
                 overrun: *overrun,
                 id: id.as_deref().map(b),
+                forced: *forced,
             },
         })
     }
@@ -901,6 +905,7 @@ impl Model {
                 amount,
                 overrun,
                 id,
+                ..
             } => {
                 self.used += amount as i128;
                 self.add_overrun(overrun);

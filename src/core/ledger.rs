@@ -122,6 +122,38 @@ impl OnExpire {
     }
 }
 
+/// Default `STREAMMAXLEN` of a usage log: about this many entries are kept (approximate
+/// trimming).
+pub const DEFAULT_STREAM_MAX_LEN: i64 = 1_000_000;
+/// Longest usage stream key name (bytes), as long as the longest id.
+pub const MAX_STREAM_KEY_LEN: usize = 65_536;
+
+/// Where a budget logs its usage: a Redis Stream key (`QUOTA.SET ... STREAM key`) and the
+/// approximate length it is trimmed to (`STREAMMAXLEN`, 0 = never trimmed). The ledger only
+/// stores it; the shell writes the entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageLog {
+    /// The stream key: 1..=[`MAX_STREAM_KEY_LEN`] bytes.
+    pub stream: Vec<u8>,
+    /// Approximate MAXLEN (entries, >= 0; 0: no trimming).
+    pub max_len: i64,
+}
+
+impl UsageLog {
+    /// Checks the stream name's length and the MAXLEN's sign.
+    pub fn validate(&self) -> Result<(), LedgerError> {
+        if self.stream.is_empty() || self.stream.len() > MAX_STREAM_KEY_LEN {
+            return Err(LedgerError::Invalid(
+                "the usage stream key must be 1 to 65536 bytes",
+            ));
+        }
+        if self.max_len < 0 {
+            return Err(LedgerError::Invalid("STREAMMAXLEN must not be negative"));
+        }
+        Ok(())
+    }
+}
+
 /// Per-call policy from the module configs: applied on the master only, while planning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -175,12 +207,16 @@ pub enum Effect {
     },
     /// A pending reservation's new deadline; the step's time is its last heartbeat.
     Extend { id: Id, deadline_ms: i64 },
-    /// used += amount; `overrun` is what went beyond available; `id` is remembered if given.
+    /// used += amount; `overrun` is what went beyond available; `id` is remembered if given;
+    /// `forced`: charged with FORCE (only the usage log tells it apart).
     Charge {
         amount: i64,
         overrun: i64,
         id: Option<Id>,
+        forced: bool,
     },
+    /// QUOTA.SET ... STREAM: the usage log from now on (`None`: off).
+    Usage { log: Option<UsageLog> },
     /// A finished id is dropped.
     Forget { id: Id },
 }
@@ -293,6 +329,8 @@ pub struct Budget {
     pub(crate) period: Period,
     /// Bounds of the period `used` belongs to.
     pub(crate) period_bounds: Option<(i64, i64)>,
+    /// Where every change of `used` is logged (`None`: not logged).
+    pub(crate) usage: Option<UsageLog>,
     /// Where the shell last indexed this budget for active expiry (runtime only).
     pub(crate) index_tag: IndexTag,
 }
@@ -354,8 +392,34 @@ impl Budget {
             book,
             period: Period::none(),
             period_bounds: None,
+            usage: None,
             index_tag: IndexTag::default(),
         }
+    }
+
+    /// The usage log (`None`: off).
+    pub fn usage(&self) -> Option<&UsageLog> {
+        self.usage.as_ref()
+    }
+
+    /// `used` as stored (physical: the period it belongs to may have ended; see
+    /// [`Budget::view`] for the logical value). The usage log reports it after each effect.
+    pub fn stored_used(&self) -> i64 {
+        self.used
+    }
+
+    /// The stored bounds of the period `used` belongs to (`None` without a period).
+    pub fn stored_bounds(&self) -> Option<(i64, i64)> {
+        self.period_bounds
+    }
+
+    /// QUOTA.SET ... STREAM: the effect that sets the usage log to `log`, `None` if it already
+    /// is that.
+    pub fn plan_usage(&self, log: Option<UsageLog>) -> Result<Option<Effect>, LedgerError> {
+        if let Some(l) = &log {
+            l.validate()?;
+        }
+        Ok((log != self.usage).then_some(Effect::Usage { log }))
     }
 
     /// The shell's note of where it indexed this budget (see [`IndexTag`]).
@@ -1254,6 +1318,7 @@ impl Budget {
             amount,
             overrun,
             id: id.map(Id::from),
+            forced: force,
         };
         // An id not in the book needs no preparation.
         let prepare = id.filter(|_| present);
@@ -1460,6 +1525,7 @@ impl Budget {
                 amount,
                 overrun,
                 id,
+                ..
             } => {
                 if *amount < 0 || *overrun < 0 {
                     return Err(LedgerError::BadEffect("negative charge"));
@@ -1483,6 +1549,13 @@ impl Budget {
                 }
                 self.used = used;
                 self.overrun = total_overrun;
+            }
+            Effect::Usage { log } => {
+                if let Some(l) = log {
+                    l.validate()
+                        .map_err(|_| LedgerError::BadEffect("bad usage stream"))?;
+                }
+                self.usage = log.clone();
             }
             Effect::Forget { id } => match self.book.get(id) {
                 Some(Entry::Finished(_)) => {
@@ -1560,6 +1633,9 @@ impl Budget {
             return Err(LedgerError::Corrupt("negative counter"));
         }
         add(self.used, self.reserved)?;
+        if let Some(l) = &self.usage {
+            l.validate()?;
+        }
         let mut sum = 0i64;
         for (_, entry) in self.book.entries() {
             match entry {

@@ -1,17 +1,20 @@
 //! Applying a plan's effects to a budget, and what follows every change: keyspace events, the
 //! module counters (INFO), the sweeper's index, and on a master the replication of the effects
-//! applied. Shared by the commands, the replicated `QUOTA.APPLY`, the sweeper and the data
-//! type's callbacks (the counters).
+//! applied, and the usage log ([`crate::shell::usage`]: on a master, one stream entry per
+//! event that finishes a reservation or changes `used`). Shared by the commands, the
+//! replicated `QUOTA.APPLY`, the sweeper and the data type's callbacks (the counters).
 
 use redis_module::{Context, RedisError, RedisString};
 
 use crate::core::ledger::{Budget, Effect, OnExpire, View};
-use crate::shell::reply::error_reply;
+use crate::shell::usage::{self, UsageEntry};
 use crate::shell::{events, replicate, stats, sweep_index};
 
-/// Applies effects to a budget in place (master path) and replicates the ones applied.
-/// Returns the budget's view at `at` afterwards, or the error that stopped the effects (the
-/// ones before it are kept and replicated).
+/// Applies effects to a budget in place (master path), replicates the ones applied and adds
+/// their usage entries to the budget's stream. Returns the budget's view at `at` afterwards,
+/// or the error that stopped the effects (the ones before it are kept, replicated and
+/// logged). A usage stream key holding another type refuses the write before anything is
+/// applied (`WRONGTYPE`).
 pub fn apply_and_propagate(
     ctx: &Context,
     key_name: &RedisString,
@@ -19,9 +22,22 @@ pub fn apply_and_propagate(
     at: i64,
     effects: &[Effect],
 ) -> Result<View, RedisError> {
-    let (result, view) = apply_counted(ctx, key_name, budget, at, effects);
+    let logging = usage::may_log(budget, effects);
+    if logging {
+        usage::check_stream(ctx, budget, effects)?;
+    }
+    let mut log = Vec::new();
+    let (result, view) = apply_counted_logged(
+        ctx,
+        key_name,
+        budget,
+        at,
+        effects,
+        logging.then_some(&mut log),
+    );
     let view = view.unwrap_or_else(|| budget.view(at));
     replicate_applied(ctx, key_name, at, effects, &result);
+    write_usage(ctx, key_name, budget, at, &log);
     match result.error {
         Some(e) => Err(e),
         None => Ok(view),
@@ -37,9 +53,26 @@ pub fn apply_and_replicate(
     at: i64,
     effects: &[Effect],
 ) -> Applied {
-    let result = apply_counted(ctx, key_name, budget, at, effects).0;
+    let mut log = Vec::new();
+    let logging = usage::may_log(budget, effects).then_some(&mut log);
+    let result = apply_counted_logged(ctx, key_name, budget, at, effects, logging).0;
     replicate_applied(ctx, key_name, at, effects, &result);
+    write_usage(ctx, key_name, budget, at, &log);
     result
+}
+
+/// Adds usage entries to the budget's stream, after the effects were replicated (both go in
+/// the same MULTI/EXEC to replicas and the AOF).
+pub fn write_usage(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &Budget,
+    at: i64,
+    log: &[UsageEntry],
+) {
+    if let Some(u) = budget.usage() {
+        usage::write(ctx, key_name, u, at, log);
+    }
 }
 
 /// Replicates the effects `result` says were applied, and counts their releases of expired
@@ -54,6 +87,12 @@ fn replicate_applied(
 ) {
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
+    count_releases(applied);
+}
+
+/// Counts the releases of expired reservations among applied effects (INFO `quota_expired`,
+/// and by policy `quota_expired_charge`, `quota_expired_elapsed`, `quota_expiry_charged`).
+pub(crate) fn count_releases(applied: &[Effect]) {
     stats::add(&stats::EXPIRED, releases(applied));
     for e in applied {
         if let Effect::Release {
@@ -82,8 +121,21 @@ pub fn apply_counted(
     at: i64,
     effects: &[Effect],
 ) -> (Applied, Option<View>) {
+    apply_counted_logged(ctx, key_name, budget, at, effects, None)
+}
+
+/// [`apply_counted`], collecting the usage entries of the applied effects into `log` if given
+/// (a master's write; replicas apply the master's XADD instead).
+pub fn apply_counted_logged(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+    log: Option<&mut Vec<UsageEntry>>,
+) -> (Applied, Option<View>) {
     let before = Counts::of(budget);
-    let result = apply_all(budget, at, effects);
+    let result = usage::apply_logged(budget, at, effects, log);
     Counts::of(budget).record_since(&before);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     let budget = &*budget;
@@ -144,18 +196,7 @@ pub struct Applied {
 
 /// Applies effects in order, stopping at the first that does not fit (nothing of it applied).
 pub fn apply_all(budget: &mut Budget, at: i64, effects: &[Effect]) -> Applied {
-    for (i, e) in effects.iter().enumerate() {
-        if let Err(err) = budget.apply(at, e) {
-            return Applied {
-                applied: i,
-                error: Some(error_reply(err)),
-            };
-        }
-    }
-    Applied {
-        applied: effects.len(),
-        error: None,
-    }
+    usage::apply_logged(budget, at, effects, None)
 }
 
 /// How many of `effects` release an expired reservation.

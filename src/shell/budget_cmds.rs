@@ -1,10 +1,11 @@
 //! QUOTA.SET / INFO / RESERVE / SETTLE / ROLLBACK / EXTEND / CHARGE / PENDING: parse, plan on
 //! the pure ledger, apply, replicate the effects, reply. See docs/commands.md for each reply.
 
-use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{
-    Budget, OnExpire, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, View, UNITS_MS,
+    Budget, OnExpire, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, UsageLog, View,
+    DEFAULT_STREAM_MAX_LEN, UNITS_MS,
 };
 use crate::core::period::{Period, PeriodKind};
 use crate::core::window::Window;
@@ -15,7 +16,7 @@ use crate::shell::config::MAX_ID_LENGTH_RANGE;
 use crate::shell::key::ModuleKey;
 use crate::shell::reply::{error_reply, reply_array, reply_fields, Field, Item};
 use crate::shell::window_type::WINDOW_TYPE;
-use crate::shell::{clock, config, events, replicate, stats};
+use crate::shell::{clock, config, events, replicate, stats, usage};
 
 /// Most entries QUOTA.PENDING returns in one call.
 pub const MAX_PENDING_COUNT: i64 = 10_000;
@@ -96,8 +97,10 @@ fn parse_keep(a: &mut Args) -> Result<Option<i64>, RedisError> {
 
 /// `QUOTA.SET key [LIMIT n] [USED n] [OVERDRAFT n] [MAXRESERVE n] [TTL ms]
 /// [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] [ANCHOR unix_ms]
-/// [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT ms|s|min|NONE] [NX|XX] [AT ms]`
-/// → 1 if created, 0 otherwise (amounts in units, times in ms).
+/// [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT ms|s|min|NONE] [STREAM stream_key|""] [STREAMMAXLEN n]
+/// [NX|XX] [AT ms]`
+/// → 1 if created, 0 otherwise (amounts in units, times in ms). `STREAM` turns the usage log on
+/// (`""`: off), see [`crate::shell::usage`].
 pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut a = Args::new(&args, 1)?;
     let key_name = a.next_string()?;
@@ -114,6 +117,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let (mut nx, mut xx, mut at) = (false, false, None);
     let (mut kind, mut tz, mut anchor): (Option<PeriodKind>, Option<&[u8]>, Option<i64>) =
         (None, None, None);
+    let (mut stream, mut stream_max): (Option<&[u8]>, Option<i64>) = (None, None);
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"LIMIT") {
@@ -138,6 +142,10 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             tz = Some(a.next_bytes()?);
         } else if t.eq_ignore_ascii_case(b"ANCHOR") {
             anchor = Some(a.next_i64()?);
+        } else if t.eq_ignore_ascii_case(b"STREAM") {
+            stream = Some(a.next_bytes()?);
+        } else if t.eq_ignore_ascii_case(b"STREAMMAXLEN") {
+            stream_max = Some(a.next_amount("STREAMMAXLEN")?);
         } else if t.eq_ignore_ascii_case(b"ONEXPIRE") {
             on_expire = Some(OnExpire::parse(a.next_bytes()?).ok_or(RedisError::Str(
                 "ERR ONEXPIRE must be RELEASE, CHARGE or ELAPSED",
@@ -165,6 +173,9 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if let Some(tz) = tz {
         Period::new(PeriodKind::None, tz, None).map_err(error_reply)?;
     }
+    if let Some(s) = stream.filter(|s| !s.is_empty()) {
+        check_stream_arg(ctx, key_name, s)?;
+    }
 
     // Another type at this key is refused here with WRONGTYPE.
     let exists = crate::shell::wrongtype(ctx.open_key(key_name).get_value::<Budget>(&BUDGET_TYPE))?
@@ -184,8 +195,15 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 on_expire: on_expire.unwrap_or(s.on_expire),
                 unit_ms: unit.unwrap_or(s.unit_ms),
             };
-            b.plan_configure(now, &policy, settings, used, period)
-                .map_err(error_reply)
+            // Checked first: a bad STREAMMAXLEN changes nothing.
+            let log = usage_after(b.usage(), stream, stream_max)?;
+            let mut plan = b
+                .plan_configure(now, &policy, settings, used, period)
+                .map_err(error_reply)?;
+            if let Some(log) = log {
+                plan.effects.extend(b.plan_usage(log).map_err(error_reply)?);
+            }
+            Ok(plan)
         })?;
         return Ok(RedisValue::Integer(0));
     }
@@ -206,17 +224,81 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         unit_ms: unit.unwrap_or(None),
     };
     let period = merge_period(&Period::none(), kind, tz, anchor)?.unwrap_or_else(Period::none);
+    let log = usage_after(None, stream, stream_max)?.flatten();
     let configure =
         Budget::plan_create(wall, settings, used.unwrap_or(0), period).map_err(error_reply)?;
+    let mut list = vec![configure];
     let mut budget = Budget::new(settings, wall);
-    budget.apply(wall, &configure).map_err(error_reply)?;
+    list.extend(budget.plan_usage(log).map_err(error_reply)?);
+    // A new budget logs its starting USED as an adjustment.
+    let mut entries = Vec::new();
+    let logging = usage::may_log(&budget, &list).then_some(&mut entries);
+    if let Some(e) = usage::apply_logged(&mut budget, wall, &list, logging).error {
+        return Err(e);
+    }
+    let log = budget.usage().cloned();
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
     let counts = Counts::of(&budget);
     key.set_value(&BUDGET_TYPE, budget)?;
     counts.adopt();
-    replicate::replicate_effects(ctx, key_name, wall, std::slice::from_ref(&configure));
-    events::notify(ctx, key_name, &[configure], || 0);
+    replicate::replicate_effects(ctx, key_name, wall, &list);
+    events::notify(ctx, key_name, &list, || 0);
+    if let Some(log) = log {
+        usage::write(ctx, key_name, &log, wall, &entries);
+    }
     Ok(RedisValue::Integer(1))
+}
+
+/// The usage log after a QUOTA.SET from the `current` one: `None` if STREAM and STREAMMAXLEN
+/// were both absent (unchanged). `STREAM key` keeps the current MAXLEN unless STREAMMAXLEN is
+/// given (default [`DEFAULT_STREAM_MAX_LEN`]); `STREAM ""` turns the log off.
+fn usage_after(
+    current: Option<&UsageLog>,
+    stream: Option<&[u8]>,
+    stream_max: Option<i64>,
+) -> Result<Option<Option<UsageLog>>, RedisError> {
+    let no_stream = || RedisError::Str("ERR STREAMMAXLEN needs a usage stream: STREAM key");
+    Ok(match (stream, stream_max) {
+        (None, None) => None,
+        (Some(b""), None) => Some(None),
+        (Some(b""), Some(_)) => return Err(no_stream()),
+        (Some(s), max) => Some(Some(UsageLog {
+            stream: s.to_vec(),
+            max_len: max
+                .or(current.map(|c| c.max_len))
+                .unwrap_or(DEFAULT_STREAM_MAX_LEN),
+        })),
+        (None, Some(max)) => Some(Some(UsageLog {
+            stream: current.ok_or_else(no_stream)?.stream.clone(),
+            max_len: max,
+        })),
+    })
+}
+
+/// A usage stream key for `key`: in a cluster it must hash to the same slot (a hash tag, e.g.
+/// `{tenant}:budget` and `{tenant}:usage`), so every command on the budget can write it; and it
+/// must be missing or a stream.
+fn check_stream_arg(ctx: &Context, key: &RedisString, stream: &[u8]) -> Result<(), RedisError> {
+    if stream.len() > crate::core::ledger::MAX_STREAM_KEY_LEN {
+        return Err(RedisError::Str(
+            "ERR the usage stream key must be 1 to 65536 bytes",
+        ));
+    }
+    if ctx.get_flags().contains(ContextFlags::CLUSTER)
+        && usage::key_slot(stream) != usage::key_slot(key.as_slice())
+    {
+        return Err(RedisError::Str(
+            "CROSSSLOT the usage stream key must hash to the same slot as the budget key \
+             (give both the same hash tag, e.g. {tenant}:budget and {tenant}:usage)",
+        ));
+    }
+    if stream == key.as_slice() {
+        return Err(RedisError::Str(
+            "ERR the usage stream key must not be the budget key",
+        ));
+    }
+    usage::check_stream_acl(ctx, stream)?;
+    usage::check_stream_key(ctx, stream)
 }
 
 /// The period after a QUOTA.SET: `None` if PERIOD, TZ and ANCHOR were all absent (unchanged).
@@ -265,7 +347,12 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     }
     let info = match with_budget(ctx, key_name, at, |b, now| {
-        (b.view(now), b.period().clone(), *b.settings())
+        (
+            b.view(now),
+            b.period().clone(),
+            *b.settings(),
+            b.usage().cloned(),
+        )
     }) {
         Err(RedisError::WrongType) => {
             // A window key (or another type: WRONGTYPE).
@@ -279,7 +366,7 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         other => other?,
     };
-    let Some((v, period, settings)) = info else {
+    let Some((v, period, settings, log)) = info else {
         return Ok(RedisValue::Null);
     };
     let (start, end) = v.period_bounds.unwrap_or((-1, -1));
@@ -304,6 +391,11 @@ pub fn quota_info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 Field::Str(settings.on_expire.as_str().to_string()),
             ),
             ("unit", Field::Str(unit_name(settings.unit_ms).to_string())),
+            (
+                "stream",
+                Field::Bytes(log.as_ref().map(|l| l.stream.clone()).unwrap_or_default()),
+            ),
+            ("stream_maxlen", Field::Int(log.map_or(-1, |l| l.max_len))),
         ],
     )
 }
@@ -427,7 +519,10 @@ fn key_id_tail<'a>(a: &mut Args<'a>, num: Num) -> Result<KeyIdArgs<'a>, RedisErr
             if t.eq_ignore_ascii_case(b"ELAPSED") {
                 None
             } else {
-                Some(crate::shell::args::parse_i64(t)?)
+                match crate::shell::args::parse_canonical_i64(t) {
+                    Some(n) => Some(n),
+                    None => return Err(a.not_an_integer()),
+                }
             }
         }
     };

@@ -277,6 +277,21 @@ pub static COMMANDS: &[CommandDoc] = &[
             .summary(c"calendar period after which used restarts from 0"),
             option(c"TZ", c"zone", Kind::String).summary(c"IANA time zone of the period (default UTC)"),
             option(c"ANCHOR", c"anchor_ms", Kind::UnixTime).summary(c"a period start: periods follow it instead of the calendar"),
+            one_of(Some(c"ONEXPIRE"), c"on_expire", &[
+                word(c"RELEASE", c"release").summary(c"an expired reservation costs nothing (default)"),
+                word(c"CHARGE", c"charge").summary(c"an expired reservation is charged its held amount"),
+                word(c"ELAPSED", c"elapsed").summary(c"charged from its start to its last heartbeat, in UNIT"),
+            ])
+            .summary(c"what an expired, never-settled reservation is charged"),
+            one_of(Some(c"UNIT"), c"unit", &[
+                word(c"MS", c"ms"),
+                word(c"S", c"s"),
+                word(c"MIN", c"min"),
+                word(c"NONE", c"none"),
+            ])
+            .summary(c"a time budget's unit: SETTLE key id ELAPSED and ONEXPIRE ELAPSED measure in it"),
+            option(c"STREAM", c"stream_key", Kind::String).summary(c"the usage log: a Redis Stream getting one entry per charge (same slot in a cluster); empty: off"),
+            option(c"STREAMMAXLEN", c"stream_maxlen", Kind::Integer).summary(c"trims the usage stream to about this many entries (default 1000000; 0: never)"),
             one_of(None, c"condition", &[
                 word(c"NX", c"nx").summary(c"only create"),
                 word(c"XX", c"xx").summary(c"only change an existing budget"),
@@ -305,6 +320,7 @@ pub static COMMANDS: &[CommandDoc] = &[
             int(c"amount").summary(c"units to reserve"),
             option(c"ID", c"id", Kind::String).summary(c"the reservation's id (idempotent retries); generated if absent"),
             option(c"TTL", c"ttl_ms", Kind::Integer).summary(c"released unless settled or extended within ttl_ms (default: the budget's TTL)"),
+            option(c"KEEP", c"keep", Kind::Integer).summary(c"grant only if at least keep stays available afterwards (headroom for calls without KEEP)"),
             AT,
         ],
     },
@@ -318,7 +334,11 @@ pub static COMMANDS: &[CommandDoc] = &[
         args: &[
             key(),
             string(c"id").summary(c"the reservation's id, as RESERVE returned it"),
-            int(c"actual").summary(c"units actually used"),
+            one_of(None, c"actual", &[
+                int(c"actual").summary(c"units actually used"),
+                word(c"ELAPSED", c"elapsed").summary(c"the time since the grant, in the budget's UNIT"),
+            ])
+            .required(),
             AT,
         ],
     },
@@ -357,12 +377,13 @@ pub static COMMANDS: &[CommandDoc] = &[
             int(c"amount").summary(c"units to charge"),
             option(c"ID", c"id", Kind::String).summary(c"the charge's id (idempotent retries)"),
             flag(c"FORCE", c"force").summary(c"charge even past the limit (the excess counts as overrun)"),
+            option(c"KEEP", c"keep", Kind::Integer).summary(c"grant only if at least keep stays available afterwards (headroom for calls without KEEP)"),
             AT,
         ],
     },
     CommandDoc {
         name: c"QUOTA.PENDING",
-        summary: c"Lists a budget's pending reservations: id, amount, age_ms, ttl_ms.",
+        summary: c"Lists a budget's pending reservations: id, amount, age_ms, ttl_ms, start_ms, heartbeat_ms.",
         since: V0_1,
         complexity: c"O((1 + COUNT) * log N), N being the ids the key holds.",
         arity: -2,
@@ -407,6 +428,7 @@ pub static COMMANDS: &[CommandDoc] = &[
             int(c"amount").multiple().summary(c"one amount per key, in key order"),
             option(c"ID", c"id", Kind::String).summary(c"the reservation's id on every key; generated if absent"),
             option(c"TTL", c"ttl_ms", Kind::Integer).summary(c"released unless settled or extended within ttl_ms"),
+            option(c"KEEP", c"keep", Kind::Integer).summary(c"on every budget key: grant only if at least keep stays available (windows ignore it)"),
             AT,
         ],
     },
@@ -421,7 +443,13 @@ pub static COMMANDS: &[CommandDoc] = &[
             int(c"numkeys"),
             Arg::new(c"key", Kind::Key(0)).multiple(),
             string(c"id"),
-            int(c"actual").multiple().summary(c"one amount per key, in key order"),
+            one_of(None, c"actual", &[
+                int(c"actual"),
+                word(c"ELAPSED", c"elapsed").summary(c"a budget key's time since the grant, in its UNIT"),
+            ])
+            .required()
+            .multiple()
+            .summary(c"one amount per key, in key order"),
             AT,
         ],
     },
@@ -523,7 +551,7 @@ impl CommandDoc {
     }
 
     /// The command's syntax on one line, as redis-cli hints it:
-    /// `QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms]`.
+    /// `QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms]`.
     pub fn usage(&self) -> String {
         let mut out = self.name.to_string_lossy().into_owned();
         for arg in self.args {
@@ -884,13 +912,13 @@ mod tests {
         let usage = |name: &str| find(name.as_bytes()).unwrap().usage();
         assert_eq!(
             usage("quota.reserve"),
-            "QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [AT unix_ms]"
+            "QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms]"
         );
         assert_eq!(
             usage("QUOTA.SET"),
             "QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] [LIMIT limit] \
              [USED used] [OVERDRAFT overdraft] [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
-             [TZ zone] [ANCHOR anchor_ms] [NX|XX] [AT unix_ms]"
+             [TZ zone] [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]"
         );
         assert_eq!(
             usage("QUOTA.APPLY"),
@@ -905,7 +933,7 @@ mod tests {
         assert_eq!(
             usage("QUOTA.MRESERVE"),
             "QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ttl_ms] \
-             [AT unix_ms]"
+             [KEEP keep] [AT unix_ms]"
         );
     }
 

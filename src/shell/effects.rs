@@ -10,6 +10,8 @@
 //!   `EXTEND id deadline_ms` (the step's time is the heartbeat) · `CHARGE amount overrun` ·
 //!   `CHARGEID amount overrun id`
 //! - `FORGET id`
+//! - `FORCED amount overrun` · `FORCEDID amount overrun id`: a charge made with FORCE
+//! - `USAGE stream max_len` · `NOUSAGE`: the usage log (QUOTA.SET ... STREAM)
 //!
 //! `ONEXPIRE` and `UNIT` are no effect names, so an optional tail is never mistaken for the
 //! next effect.
@@ -24,7 +26,7 @@
 use redis_module::RedisError;
 
 use crate::core::book::Id;
-use crate::core::ledger::{Effect, OnExpire, Settings};
+use crate::core::ledger::{Effect, OnExpire, Settings, UsageLog};
 use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::{check_id, parse_i64, syntax_error};
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
@@ -140,8 +142,9 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
             amount,
             overrun,
             id: None,
+            forced,
         } => {
-            out.word("CHARGE");
+            out.word(if *forced { "FORCED" } else { "CHARGE" });
             out.int(*amount);
             out.int(*overrun);
         }
@@ -149,12 +152,19 @@ pub fn write(effect: &Effect, out: &mut impl TokenSink) {
             amount,
             overrun,
             id: Some(id),
+            forced,
         } => {
-            out.word("CHARGEID");
+            out.word(if *forced { "FORCEDID" } else { "CHARGEID" });
             out.int(*amount);
             out.int(*overrun);
             out.bytes(id);
         }
+        Effect::Usage { log: Some(log) } => {
+            out.word("USAGE");
+            out.bytes(&log.stream);
+            out.int(log.max_len);
+        }
+        Effect::Usage { log: None } => out.word("NOUSAGE"),
         Effect::Forget { id } => {
             out.word("FORGET");
             out.bytes(id);
@@ -368,16 +378,27 @@ where
                 id: effect_id(next(&mut it)?)?,
                 deadline_ms: parse_i64(next(&mut it)?)?,
             },
-            b"CHARGE" => Effect::Charge {
+            b"CHARGE" | b"FORCED" => Effect::Charge {
                 amount: parse_i64(next(&mut it)?)?,
                 overrun: parse_i64(next(&mut it)?)?,
                 id: None,
+                forced: op == b"FORCED",
             },
-            b"CHARGEID" => Effect::Charge {
+            b"CHARGEID" | b"FORCEDID" => Effect::Charge {
                 amount: parse_i64(next(&mut it)?)?,
                 overrun: parse_i64(next(&mut it)?)?,
                 id: Some(effect_id(next(&mut it)?)?),
+                forced: op == b"FORCEDID",
             },
+            b"USAGE" => {
+                let log = UsageLog {
+                    stream: next(&mut it)?.to_vec(),
+                    max_len: parse_i64(next(&mut it)?)?,
+                };
+                log.validate().map_err(error_reply)?;
+                Effect::Usage { log: Some(log) }
+            }
+            b"NOUSAGE" => Effect::Usage { log: None },
             b"FORGET" => Effect::Forget {
                 id: effect_id(next(&mut it)?)?,
             },

@@ -16,7 +16,7 @@ use crate::core::ledger::{Effect, OnExpire};
 /// The event an effect publishes, if any (forgetting an old id is silent).
 fn event_of(effect: &Effect) -> Option<&'static CStr> {
     Some(match effect {
-        Effect::Configure { .. } => c"quota.set",
+        Effect::Configure { .. } | Effect::Usage { .. } => c"quota.set",
         Effect::Reset { .. } => c"quota.reset",
         Effect::Grant { .. } => c"quota.reserve",
         Effect::Settle { .. } | Effect::SettleLate { .. } => c"quota.settle",

@@ -44,6 +44,7 @@ pub fn budget_bytes(b: &Budget) -> usize {
     });
     alloc_size(size_of::<Budget>())
         .saturating_add(alloc_size(b.period().tz.len()))
+        .saturating_add(b.usage().map_or(0, |u| alloc_size(u.stream.capacity())))
         .saturating_add(book)
 }
 

@@ -25,6 +25,7 @@ pub mod stats;
 pub mod sweep_index;
 pub mod sweeper;
 pub mod type_methods;
+pub mod usage;
 pub mod window_apply;
 pub mod window_cmds;
 pub mod window_effects;

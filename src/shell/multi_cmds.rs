@@ -18,13 +18,14 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::core::ledger::Budget;
 use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
 use crate::core::window::Window;
-use crate::shell::apply::{apply_counted, releases};
+use crate::shell::apply::{apply_counted_logged, count_releases, write_usage};
 use crate::shell::args::{check_id, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
 use crate::shell::mapply::Batch;
 use crate::shell::reply::error_reply;
+use crate::shell::usage;
 use crate::shell::window_cmds::no_window_config;
 use crate::shell::window_type::WINDOW_TYPE;
 use crate::shell::{clock, config, key_specs, stats, window_effects};
@@ -173,9 +174,29 @@ fn apply_all<'a>(
     planned: &[KeyEffects],
     wall: i64,
 ) -> Result<Vec<i64>, RedisError> {
+    // A budget whose usage stream key holds another type refuses the whole command before any
+    // key changes (a ledger change must not go unlogged, nor one key change without the others).
+    let mut refused = None;
+    for (o, p) in opened.iter().zip(planned) {
+        if let KeyEffects::Budget { effects, .. } = p {
+            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
+                if usage::may_log(b, effects) {
+                    if let Err(e) = usage::check_stream(ctx, b, effects) {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(e) = refused {
+        return Err(abort(opened, e));
+    }
     let mut failed = None;
     let mut batch = Batch::with_keys(opened.len());
-    for (o, p) in opened.iter_mut().zip(planned) {
+    // Usage entries per budget (key index, time, entries), written after the replication.
+    let mut logs = Vec::new();
+    for (i, (o, p)) in opened.iter_mut().zip(planned).enumerate() {
         if failed.is_some() || p.is_empty() {
             o.key.unchanged();
             continue;
@@ -184,10 +205,15 @@ fn apply_all<'a>(
         let error = match p {
             KeyEffects::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
                 Ok(Some(b)) => {
-                    let result = apply_counted(ctx, name, b, *now, effects).0;
+                    let mut log = Vec::new();
+                    let logging = usage::may_log(b, effects).then_some(&mut log);
+                    let result = apply_counted_logged(ctx, name, b, *now, effects, logging).0;
                     let applied = effects.get(..result.applied).unwrap_or(&[]);
-                    stats::add(&stats::EXPIRED, releases(applied));
+                    count_releases(applied);
                     batch.budget(name, *now, applied);
+                    if !log.is_empty() {
+                        logs.push((i, *now, log));
+                    }
                     result.error
                 }
                 Ok(None) => Some(noquota()),
@@ -205,6 +231,15 @@ fn apply_all<'a>(
         }
     }
     batch.replicate(ctx);
+    // After the effects, as for a single key (both go in the same MULTI/EXEC to replicas and
+    // the AOF).
+    for (i, at, log) in logs {
+        if let Some(o) = opened.get(i) {
+            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
+                write_usage(ctx, o.name, b, at, &log);
+            }
+        }
+    }
     match failed {
         Some(e) => Err(e),
         None => values_now(opened, wall),
@@ -221,7 +256,11 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let names = parse_keys(&mut a)?;
     let mut amounts = Vec::with_capacity(names.len());
     for _ in &names {
-        amounts.push(a.next_amount("amount")?);
+        let n = a.next_i64_as("amount")?;
+        if n < 0 {
+            return Err(RedisError::Str("ERR amount must not be negative"));
+        }
+        amounts.push(n);
     }
     let (mut id, mut ttl, mut at, mut keep) = (None, None, None, None);
     while !a.is_empty() {
@@ -343,7 +382,9 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
         actuals.push(if t.eq_ignore_ascii_case(b"ELAPSED") {
             multi::Actual::Elapsed
         } else {
-            let n = crate::shell::args::parse_i64(t)?;
+            let Some(n) = crate::shell::args::parse_canonical_i64(t) else {
+                return Err(a.not_an_integer_as(Some("actual")));
+            };
             if n < 0 {
                 return Err(RedisError::Str("ERR actual must not be negative"));
             }
@@ -389,7 +430,7 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let names = parse_keys(&mut a)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let ttl = a.next_i64()?;
+    let ttl = a.next_i64_as("ttl_ms")?;
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
     }

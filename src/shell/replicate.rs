@@ -226,12 +226,33 @@ mod tests {
                 amount: 7,
                 overrun: 0,
                 id: None,
+                forced: false,
             },
             Effect::Charge {
                 amount: 7,
                 overrun: 1,
                 id: Some(id.clone()),
+                forced: false,
             },
+            Effect::Charge {
+                amount: 8,
+                overrun: 2,
+                id: None,
+                forced: true,
+            },
+            Effect::Charge {
+                amount: 8,
+                overrun: 2,
+                id: Some(id.clone()),
+                forced: true,
+            },
+            Effect::Usage {
+                log: Some(crate::core::ledger::UsageLog {
+                    stream: b"{t} usage:1".to_vec(),
+                    max_len: 10,
+                }),
+            },
+            Effect::Usage { log: None },
             Effect::Forget { id },
         ];
         let packed = pack_effects(i64::MIN, &effects);
@@ -277,6 +298,7 @@ mod tests {
                     amount: 1,
                     overrun: 0,
                     id: None,
+                    forced: false,
                 },
             ],
         );

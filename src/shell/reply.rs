@@ -47,6 +47,8 @@ pub fn reply_array(ctx: &Context, items: &[Item]) -> RedisResult {
 pub enum Field {
     Int(i64),
     Str(String),
+    /// Any bytes (a key name).
+    Bytes(Vec<u8>),
 }
 
 /// Replies with `fields` as a map, in the given order, and tells the caller's wrapper that the
@@ -61,6 +63,9 @@ pub fn reply_fields(ctx: &Context, fields: &[(&str, Field)]) -> RedisResult {
                 raw::reply_with_long_long(ctx.ctx, *n);
             }
             Field::Str(s) => {
+                raw::reply_with_string_buffer(ctx.ctx, s.as_ptr().cast(), s.len());
+            }
+            Field::Bytes(s) => {
                 raw::reply_with_string_buffer(ctx.ctx, s.as_ptr().cast(), s.len());
             }
         }

@@ -49,6 +49,8 @@ counters! {
     SWEEP_LAG_MS => "sweeper_lag_ms": "Largest (release time - deadline) of the last tick, ms.",
     SWEEP_MAX_LAG_MS => "sweeper_max_lag_ms": "Largest lag ever seen, ms.",
     SWEEP_INDEXED_KEYS => "sweeper_indexed_keys": "Keys in the sweeper's deadline index.",
+    USAGE_ENTRIES => "usage_entries": "Usage stream entries added (QUOTA.SET ... STREAM) on this server as master.",
+    USAGE_ERRORS => "usage_stream_errors": "Usage stream entries that could not be added (XADD failed; see the log).",
 }
 
 /// Adds one to a counter.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{options, DecodeError};
 use crate::core::book::{Book, Entry, Finished, Outcome, Reservation};
 use crate::core::id::StreamId;
-use crate::core::ledger::{Budget, OnExpire, Settings};
+use crate::core::ledger::{Budget, OnExpire, Settings, UsageLog};
 use crate::core::period::{Period, PeriodKind};
 use crate::shell::args::check_id;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
@@ -16,7 +16,8 @@ use crate::shell::config::MAX_ID_LENGTH_RANGE;
 /// - 2: adds the calendar period (kind, zone, anchor) and the current period's bounds.
 /// - 3: adds the expiry policy (ONEXPIRE), the UNIT, each reservation's last heartbeat and
 ///   each expiry's charge.
-pub const BUDGET_ENCVER: i32 = 3;
+/// - 4: adds the usage log (stream key, MAXLEN), if any.
+pub const BUDGET_ENCVER: i32 = 4;
 
 #[derive(Serialize, Deserialize)]
 enum OutcomeV1 {
@@ -68,6 +69,13 @@ struct BudgetV3 {
     heartbeats: Vec<i64>,
     /// Each finished id's expiry charge (0 for every other outcome), in `finished` order.
     charges: Vec<i64>,
+}
+
+/// Encoding version 4: version 3 followed by the usage log `(stream key, max_len)`.
+#[derive(Serialize, Deserialize)]
+struct BudgetV4 {
+    v3: BudgetV3,
+    usage: Option<(Vec<u8>, i64)>,
 }
 
 /// What version 3 adds to a version-2 value.
@@ -132,12 +140,15 @@ pub fn encode_budget(b: &Budget) -> Vec<u8> {
         anchor_ms: b.period.anchor_ms,
         bounds: b.period_bounds,
     };
-    let v = BudgetV3 {
-        v2,
-        on_expire: on_expire_code(b.settings.on_expire),
-        unit_ms: b.settings.unit_ms,
-        heartbeats,
-        charges,
+    let v = BudgetV4 {
+        v3: BudgetV3 {
+            v2,
+            on_expire: on_expire_code(b.settings.on_expire),
+            unit_ms: b.settings.unit_ms,
+            heartbeats,
+            charges,
+        },
+        usage: b.usage.as_ref().map(|u| (u.stream.clone(), u.max_len)),
     };
     // Serializing plain integers and byte vectors into a Vec cannot fail under the 1 GiB limit
     // unless the value itself is larger; an empty buffer then fails loudly on load instead.
@@ -150,8 +161,21 @@ pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
     match encver {
         1 => from_v1(options().deserialize(bytes).map_err(malformed)?, None, None),
         2 => from_v2(options().deserialize(bytes).map_err(malformed)?, None),
-        3 => {
-            let v3: BudgetV3 = options().deserialize(bytes).map_err(malformed)?;
+        3 => from_v3(options().deserialize(bytes).map_err(malformed)?, None),
+        4 => {
+            let v4: BudgetV4 = options().deserialize(bytes).map_err(malformed)?;
+            let usage = v4
+                .usage
+                .map(|(stream, max_len)| UsageLog { stream, max_len });
+            from_v3(v4.v3, usage)
+        }
+        v => Err(DecodeError::UnknownVersion(v)),
+    }
+}
+
+fn from_v3(v3: BudgetV3, usage: Option<UsageLog>) -> Result<Budget, DecodeError> {
+    {
+        {
             let on_expire = match v3.on_expire {
                 0 => OnExpire::Release,
                 1 => OnExpire::Charge,
@@ -164,9 +188,11 @@ pub fn decode_budget(encver: i32, bytes: &[u8]) -> Result<Budget, DecodeError> {
                 heartbeats: v3.heartbeats,
                 charges: v3.charges,
             };
-            from_v2(v3.v2, Some(extra))
+            let mut b = from_v2(v3.v2, Some(extra))?;
+            b.usage = usage;
+            b.check_invariants().map_err(DecodeError::invalid)?;
+            Ok(b)
         }
-        v => Err(DecodeError::UnknownVersion(v)),
     }
 }
 
@@ -283,6 +309,7 @@ fn from_v1(
         book,
         period,
         period_bounds,
+        usage: None,
         index_tag: Default::default(),
     };
     budget.check_invariants().map_err(DecodeError::invalid)?;
@@ -318,6 +345,17 @@ mod tests {
                 amount: 7,
                 overrun: 0,
                 id: Some(b"c1"[..].into()),
+                forced: false,
+            },
+        )
+        .unwrap();
+        b.apply(
+            22,
+            &Effect::Usage {
+                log: Some(UsageLog {
+                    stream: b"{t}:usage".to_vec(),
+                    max_len: 1000,
+                }),
             },
         )
         .unwrap();
@@ -418,8 +456,8 @@ mod tests {
             err.to_string(),
             "inconsistent payload: corrupt budget value: reserved differs from the pending sum"
         );
-        let mut v: BudgetV3 = options().deserialize(&encode_budget(&sample())).unwrap();
-        v.v2.v1.max_reserve = -7;
+        let mut v: BudgetV4 = options().deserialize(&encode_budget(&sample())).unwrap();
+        v.v3.v2.v1.max_reserve = -7;
         let err = decode_budget(BUDGET_ENCVER, &options().serialize(&v).unwrap()).unwrap_err();
         assert_eq!(err, DecodeError::Invalid("MAXRESERVE below -1".into()));
         let mut b = sample();

@@ -1,0 +1,389 @@
+//! `quota-export run`: consume usage streams with a consumer group and store each entry once.
+//!
+//! Order of work, so that a crash at any point loses nothing and counts nothing twice:
+//! 1. `XGROUP CREATE stream group 0 MKSTREAM` (an existing group is kept);
+//! 2. this consumer's own pending entries first (`XREADGROUP ... STREAMS s 0`): what it had
+//!    read before a crash but not acknowledged;
+//! 3. then in a loop: `XAUTOCLAIM` of entries another consumer left pending for longer than
+//!    `--claim-idle-ms` (a dead exporter), and new entries (`XREADGROUP ... >`);
+//! 4. each batch: one database transaction (`ON CONFLICT DO NOTHING`), commit, then `XACK`.
+//!
+//! A malformed entry is stored in `quota_usage_rejects`, logged, counted and acknowledged:
+//! it never stops the exporter.
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use redis::Value;
+
+use crate::db::Db;
+use crate::entry::{self, Malformed, RawEntry, Row};
+use crate::metrics::Shared;
+use crate::Error;
+
+/// What `run` needs.
+pub struct RunOptions {
+    pub redis: String,
+    pub db: String,
+    pub streams: Vec<String>,
+    pub group: String,
+    pub consumer: String,
+    pub once: bool,
+    pub batch: usize,
+    pub block_ms: u64,
+    pub claim_idle_ms: u64,
+}
+
+struct Consumer {
+    con: redis::Connection,
+    db: Db,
+    opts: RunOptions,
+    metrics: Shared,
+    progress: ProgressBar,
+    exported: u64,
+    started: Instant,
+}
+
+/// Runs until killed, or with `--once` until every stream is caught up.
+pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
+    let client = redis::Client::open(opts.redis.as_str())?;
+    let con = client.get_connection()?;
+    let db = Db::open(&opts.db)?;
+    let progress = ProgressBar::new_spinner();
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    let mut c = Consumer {
+        con,
+        db,
+        opts,
+        metrics,
+        progress,
+        exported: 0,
+        started: Instant::now(),
+    };
+    c.create_groups()?;
+    c.own_pending()?;
+    let mut last_claim = None::<Instant>;
+    let mut last_lag = None::<Instant>;
+    loop {
+        let mut work = 0;
+        let claim_every = Duration::from_millis(c.opts.claim_idle_ms.clamp(100, 10_000));
+        if c.opts.once || last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
+            work += c.autoclaim()?;
+            last_claim = Some(Instant::now());
+        }
+        work += c.read_new()?;
+        if last_lag.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            c.update_lag()?;
+            last_lag = Some(Instant::now());
+        }
+        if c.opts.once && work == 0 {
+            c.update_lag()?;
+            c.progress.finish_and_clear();
+            eprintln!(
+                "quota-export: caught up: {} entries exported by this run",
+                c.exported
+            );
+            return Ok(());
+        }
+    }
+}
+
+impl Consumer {
+    fn create_groups(&mut self) -> Result<(), Error> {
+        for s in &self.opts.streams {
+            let r: redis::RedisResult<Value> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(s)
+                .arg(&self.opts.group)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query(&mut self.con);
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("BUSYGROUP") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes back this consumer's own pending entries (read before a restart, never acked).
+    fn own_pending(&mut self) -> Result<(), Error> {
+        for s in self.opts.streams.clone() {
+            let mut cursor = "0".to_string();
+            loop {
+                let reply: Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(&self.opts.group)
+                    .arg(&self.opts.consumer)
+                    .arg("COUNT")
+                    .arg(self.opts.batch)
+                    .arg("STREAMS")
+                    .arg(&s)
+                    .arg(&cursor)
+                    .query(&mut self.con)?;
+                let batches = streams_of(&reply);
+                let Some((_, entries)) = batches.into_iter().next() else {
+                    break;
+                };
+                let Some(last) = entries.last() else {
+                    break;
+                };
+                cursor = last.id.clone();
+                self.process(&s, entries)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// XAUTOCLAIM of entries idle longer than `--claim-idle-ms` in every stream; returns how
+    /// many entries it took.
+    fn autoclaim(&mut self) -> Result<usize, Error> {
+        let mut total = 0;
+        for s in self.opts.streams.clone() {
+            let mut start = "0-0".to_string();
+            loop {
+                let reply: Value = redis::cmd("XAUTOCLAIM")
+                    .arg(&s)
+                    .arg(&self.opts.group)
+                    .arg(&self.opts.consumer)
+                    .arg(self.opts.claim_idle_ms)
+                    .arg(&start)
+                    .arg("COUNT")
+                    .arg(self.opts.batch)
+                    .query(&mut self.con)?;
+                let Value::Array(parts) = &reply else {
+                    break;
+                };
+                let next = parts
+                    .first()
+                    .and_then(entry::text_of)
+                    .unwrap_or_else(|| "0-0".into());
+                let (entries, bad) = parts.get(1).map(entry::parse_entries).unwrap_or_default();
+                for b in bad {
+                    eprintln!("quota-export: {s}: odd XAUTOCLAIM reply element skipped: {b}");
+                }
+                // Entries deleted while pending (trimmed): Redis drops them from the PEL.
+                if let Some(Value::Array(deleted)) = parts.get(2) {
+                    if !deleted.is_empty() {
+                        eprintln!(
+                            "quota-export: {s}: {} pending entries were deleted (trimmed) before export",
+                            deleted.len()
+                        );
+                        self.lost(&s, deleted.len());
+                    }
+                }
+                total += entries.len();
+                self.process(&s, entries)?;
+                if next == "0-0" {
+                    break;
+                }
+                start = next;
+            }
+        }
+        Ok(total)
+    }
+
+    /// New entries of every stream (`>`); blocks up to `--block-ms` unless `--once`.
+    fn read_new(&mut self) -> Result<usize, Error> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.opts.group)
+            .arg(&self.opts.consumer)
+            .arg("COUNT")
+            .arg(self.opts.batch);
+        if !self.opts.once {
+            cmd.arg("BLOCK").arg(self.opts.block_ms);
+        }
+        cmd.arg("STREAMS");
+        for s in &self.opts.streams {
+            cmd.arg(s);
+        }
+        for _ in &self.opts.streams {
+            cmd.arg(">");
+        }
+        let reply: Value = cmd.query(&mut self.con)?;
+        let mut total = 0;
+        for (s, entries) in streams_of(&reply) {
+            total += entries.len();
+            self.process(&s, entries)?;
+        }
+        Ok(total)
+    }
+
+    /// Stores a batch of one stream's entries, then acknowledges them.
+    fn process(&mut self, stream: &str, entries: Vec<RawEntry>) -> Result<(), Error> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut rows: Vec<Row> = Vec::with_capacity(entries.len());
+        let mut rejects: Vec<Malformed> = Vec::new();
+        let mut lost = 0;
+        for e in &entries {
+            match &e.fields {
+                None => lost += 1,
+                Some(fields) => match entry::parse_row(stream, &e.id, fields) {
+                    Ok(r) => rows.push(r),
+                    Err(m) => {
+                        eprintln!(
+                            "quota-export: {stream} {}: malformed entry skipped: {}",
+                            m.entry_id, m.reason
+                        );
+                        rejects.push(m);
+                    }
+                },
+            }
+        }
+        let inserted = self.db.store(&rows, &rejects)?;
+        // Acknowledged only after the commit: a crash before this line redelivers the batch,
+        // and ON CONFLICT DO NOTHING keeps it from counting twice.
+        let mut ack = redis::cmd("XACK");
+        ack.arg(stream).arg(&self.opts.group);
+        for e in &entries {
+            ack.arg(&e.id);
+        }
+        let _: Value = ack.query(&mut self.con)?;
+        self.exported += inserted.len() as u64;
+        if let Ok(mut m) = self.metrics.lock() {
+            m.stored(&inserted);
+            if !rejects.is_empty() {
+                *m.malformed.entry(stream.to_string()).or_default() += rejects.len() as u64;
+            }
+        }
+        if lost > 0 {
+            eprintln!("quota-export: {stream}: {lost} pending entries were deleted (trimmed) before export");
+            self.lost(stream, lost);
+        }
+        self.show();
+        Ok(())
+    }
+
+    fn lost(&mut self, stream: &str, n: usize) {
+        if let Ok(mut m) = self.metrics.lock() {
+            *m.lost.entry(stream.to_string()).or_default() += n as u64;
+        }
+    }
+
+    /// Lag and pending count of the group in every stream (`XINFO GROUPS`).
+    fn update_lag(&mut self) -> Result<(), Error> {
+        for s in self.opts.streams.clone() {
+            let reply: Value = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&s)
+                .query(&mut self.con)?;
+            if let Some(g) = group_info(&reply, &self.opts.group) {
+                if let Ok(mut m) = self.metrics.lock() {
+                    let k = (s.clone(), self.opts.group.clone());
+                    m.lag.insert(k.clone(), g.lag.unwrap_or(-1));
+                    m.pending.insert(k, g.pending);
+                }
+            }
+        }
+        self.show();
+        Ok(())
+    }
+
+    fn show(&self) {
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let lag: i64 = self
+            .metrics
+            .lock()
+            .map(|m| m.lag.values().filter(|v| **v > 0).sum())
+            .unwrap_or(0);
+        self.progress.set_message(format!(
+            "{} entries exported ({:.0}/s), lag {lag}",
+            self.exported,
+            self.exported as f64 / secs
+        ));
+        self.progress.tick();
+    }
+}
+
+/// `(stream, entries)` of an XREADGROUP reply (RESP2 array of `[name, entries]`, or a map).
+fn streams_of(reply: &Value) -> Vec<(String, Vec<RawEntry>)> {
+    let mut out = Vec::new();
+    let mut one = |name: &Value, entries: &Value| {
+        if let Some(n) = entry::text_of(name) {
+            let (e, bad) = entry::parse_entries(entries);
+            for b in bad {
+                eprintln!("quota-export: {n}: odd reply element skipped: {b}");
+            }
+            out.push((n, e));
+        }
+    };
+    match reply {
+        Value::Array(items) => {
+            for item in items {
+                if let Value::Array(pair) = item {
+                    if let (Some(n), Some(e)) = (pair.first(), pair.get(1)) {
+                        one(n, e);
+                    }
+                }
+            }
+        }
+        Value::Map(kv) => {
+            for (n, e) in kv {
+                one(n, e);
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// One consumer group as `XINFO GROUPS` describes it.
+#[derive(Debug, Default)]
+pub struct GroupInfo {
+    pub last_delivered: String,
+    pub pending: i64,
+    /// `None`: Redis cannot tell (entries were deleted after the group's position).
+    pub lag: Option<i64>,
+    /// Entries the group has read since the stream began (`None`: unknown).
+    pub entries_read: Option<i64>,
+}
+
+/// Field/value pairs of a flat RESP2 array or a RESP3 map.
+pub fn pairs(v: &Value) -> Vec<(String, &Value)> {
+    match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|c| Some((entry::text_of(c.first()?)?, c.get(1)?)))
+            .collect(),
+        Value::Map(kv) => kv
+            .iter()
+            .filter_map(|(k, v)| Some((entry::text_of(k)?, v)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The group `name` in an `XINFO GROUPS` reply.
+pub fn group_info(reply: &Value, name: &str) -> Option<GroupInfo> {
+    let Value::Array(groups) = reply else {
+        return None;
+    };
+    groups.iter().find_map(|g| {
+        let p = pairs(g);
+        let get = |f: &str| p.iter().find(|(k, _)| k == f).map(|(_, v)| *v);
+        (get("name").and_then(entry::text_of)? == name).then(|| GroupInfo {
+            last_delivered: get("last-delivered-id")
+                .and_then(entry::text_of)
+                .unwrap_or_default(),
+            pending: match get("pending") {
+                Some(Value::Int(n)) => *n,
+                _ => 0,
+            },
+            lag: match get("lag") {
+                Some(Value::Int(n)) => Some(*n),
+                _ => None,
+            },
+            entries_read: match get("entries-read") {
+                Some(Value::Int(n)) => Some(*n),
+                _ => None,
+            },
+        })
+    })
+}

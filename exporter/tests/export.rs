@@ -1,0 +1,600 @@
+//! quota-export against a real redis-server with the module, and a real database: a SQLite
+//! file, and a PostgreSQL server started for the test (Debian's postgresql 15: `initdb` and
+//! `pg_ctl` in a temp dir, as the `postgres` user when run as root).
+//!
+//! A random workload of reserves, settles, rollbacks, expiries, charges, forced charges and
+//! period resets runs while two exporters of one consumer group export it; each is killed
+//! with SIGKILL at random points and restarted. At the end every stream entry is in the
+//! database exactly once, the malformed entries injected are skipped and counted, and
+//! `quota-export reconcile` passes. `EXPORT_SEED=n` replays a run.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::*;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EXPORTER: &str = env!("CARGO_BIN_EXE_quota-export");
+/// 2100-01-01T00:00Z.
+const T: i64 = 4_102_444_800_000;
+
+/// The module the root crate built (make test sets QUOTA_MODULE; plain `cargo test` here
+/// finds the debug build next door).
+fn use_module() {
+    if std::env::var_os("QUOTA_MODULE").is_none() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/libredis_quota.so");
+        // SAFETY (edition 2021: safe fn): set before any server starts, tests read it only.
+        std::env::set_var("QUOTA_MODULE", p);
+    }
+}
+
+/// A small deterministic generator (xorshift64*), seeded from EXPORT_SEED or the clock.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::env::var("EXPORT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        eprintln!("EXPORT_SEED={seed}");
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A PostgreSQL server in a temp dir on a free port, stopped and removed on drop.
+struct Postgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+}
+
+fn as_postgres(bin: &Path, tool: &str) -> Command {
+    let exe = bin.join(tool);
+    // initdb refuses to run as root: run the server as the `postgres` user then.
+    if unsafe { libc_geteuid() } == 0 {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+impl Postgres {
+    fn start() -> Postgres {
+        let bin = std::env::var_os("PG_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"));
+        assert!(
+            bin.join("initdb").exists(),
+            "PostgreSQL is not installed at {} (make deps installs Debian's postgresql; PG_BIN overrides the path)",
+            bin.display()
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "rq-pg-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        if unsafe { libc_geteuid() } == 0 {
+            let st = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        let data = dir.join("data");
+        let out = as_postgres(&bin, "initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut pg = Postgres { dir, bin, port: 0 };
+        for _ in 0..5 {
+            pg.port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let opts = format!(
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+                pg.port,
+                pg.dir.display()
+            );
+            let st = as_postgres(&pg.bin, "pg_ctl")
+                .args(["-w", "-t", "30", "-D"])
+                .arg(&data)
+                .args(["-o", &opts, "-l"])
+                .arg(pg.dir.join("log"))
+                .arg("start")
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            if st.success() {
+                return pg;
+            }
+        }
+        panic!(
+            "pg_ctl start failed: {}",
+            std::fs::read_to_string(pg.dir.join("log")).unwrap_or_default()
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = as_postgres(&self.bin, "pg_ctl")
+            .args(["-D"])
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const STREAMS: [&str; 2] = ["usage:a", "usage:b"];
+const KEYS: [(&str, &str); 4] = [
+    ("k0", "usage:a"),
+    ("k1", "usage:a"),
+    ("k2", "usage:b"),
+    ("k3", "usage:b"),
+];
+
+fn exporter(redis: &str, db: &str, consumer: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new(EXPORTER);
+    c.args(["run", "--redis", redis, "--db", db, "--consumer", consumer]);
+    for s in STREAMS {
+        c.args(["--stream", s]);
+    }
+    c.args(["--batch", "7", "--block-ms", "50"]);
+    c.args(extra);
+    c
+}
+
+fn spawn(cmd: &mut Command, log: &Path) -> Child {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    cmd.stdout(Stdio::null()).stderr(f).spawn().unwrap()
+}
+
+/// Runs one random operation at test time `t` on a random budget.
+fn random_op(c: &mut redis::Connection, rng: &mut Rng, t: i64, n: u64) {
+    let (key, _) = KEYS[rng.below(4) as usize];
+    let at = t.to_string();
+    let id = format!("r{n}");
+    let amount = (1 + rng.below(20)).to_string();
+    let _ = match rng.below(10) {
+        // A reservation, finished now, later (by its id) or never (it expires).
+        0..=2 => q(
+            c,
+            &[
+                "QUOTA.RESERVE",
+                key,
+                &amount,
+                "ID",
+                &id,
+                "TTL",
+                &(1 + rng.below(5000)).to_string(),
+                "AT",
+                &at,
+            ],
+        ),
+        3 | 4 => {
+            let old = format!("r{}", n.saturating_sub(1 + rng.below(6)));
+            q(c, &["QUOTA.SETTLE", key, &old, &amount, "AT", &at])
+        }
+        5 => {
+            let old = format!("r{}", n.saturating_sub(1 + rng.below(6)));
+            q(c, &["QUOTA.ROLLBACK", key, &old, "AT", &at])
+        }
+        6 => q(c, &["QUOTA.CHARGE", key, &amount, "AT", &at]),
+        7 => q(
+            c,
+            &[
+                "QUOTA.CHARGE",
+                key,
+                &amount,
+                "ID",
+                &format!("c{n}"),
+                "AT",
+                &at,
+            ],
+        ),
+        8 => q(c, &["QUOTA.CHARGE", key, &amount, "FORCE", "AT", &at]),
+        _ => q(
+            c,
+            &[
+                "QUOTA.SET",
+                key,
+                "USED",
+                &rng.below(50).to_string(),
+                "AT",
+                &at,
+            ],
+        ),
+    };
+}
+
+/// Entries of both streams as `(stream, id)`.
+fn stream_ids(c: &mut redis::Connection) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    for s in STREAMS {
+        for e in items(&ok(c, &["XRANGE", s, "-", "+"])) {
+            out.insert((s.to_string(), text(&items(&e)[0])));
+        }
+    }
+    out
+}
+
+fn db_ids(db: &str) -> (BTreeSet<(String, String)>, i64, i64) {
+    let q1 = "SELECT stream, entry_id FROM quota_usage";
+    let q2 = "SELECT COUNT(*) FROM quota_usage";
+    let q3 = "SELECT COUNT(*) FROM quota_usage_rejects";
+    if db.starts_with("postgres://") {
+        let mut c = postgres::Client::connect(db, postgres::NoTls).unwrap();
+        let ids = c
+            .query(q1, &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let n: i64 = c.query_one(q2, &[]).unwrap().get(0);
+        let rej: i64 = c.query_one(q3, &[]).unwrap().get(0);
+        (ids, n, rej)
+    } else {
+        let c = rusqlite::Connection::open(db).unwrap();
+        let mut st = c.prepare(q1).unwrap();
+        let ids = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let n: i64 = c.query_row(q2, [], |r| r.get(0)).unwrap();
+        let rej: i64 = c.query_row(q3, [], |r| r.get(0)).unwrap();
+        (ids, n, rej)
+    }
+}
+
+/// GET `/metrics` from `addr`.
+fn scrape(addr: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// The whole scenario against `db` (a SQLite path or a postgres:// URL).
+fn export_exactly_once(db: &str, logdir: &Path) {
+    use_module();
+    let server = Server::start_with_module_args(&[], &["test-clock", "yes", "sweep-effort", "0"]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let mut rng = Rng::new();
+    for (key, stream) in KEYS {
+        // HOUR periods: the workload crosses several boundaries (resets).
+        ok(
+            &mut c,
+            &[
+                "QUOTA.SET",
+                key,
+                "LIMIT",
+                "400",
+                "OVERDRAFT",
+                "10",
+                "PERIOD",
+                "HOUR",
+                "STREAM",
+                stream,
+                "STREAMMAXLEN",
+                "0",
+                "AT",
+                &T.to_string(),
+            ],
+        );
+    }
+    let log = logdir.join("exporters.log");
+    let consumers = ["c1", "c2"];
+    let mut children: Vec<Child> = consumers
+        .iter()
+        .map(|name| {
+            spawn(
+                &mut exporter(&redis, db, name, &["--claim-idle-ms", "300"]),
+                &log,
+            )
+        })
+        .collect();
+    let mut malformed = 0;
+    let mut t = T;
+    let mut kills = 0;
+    let ops = 3000u64;
+    for n in 0..ops {
+        // Mostly small steps, sometimes a jump past deadlines or an hour boundary.
+        t += match rng.below(100) {
+            0 => 3_600_000,
+            1..=5 => 10_000,
+            _ => rng.below(200) as i64,
+        };
+        random_op(&mut c, &mut rng, t, n);
+        if n % 500 == 250 {
+            // Bad input: missing fields, a non-integer, a bad event.
+            let s = STREAMS[rng.below(2) as usize];
+            ok(&mut c, &["XADD", s, "*", "key", "k0", "event", "settle"]);
+            ok(
+                &mut c,
+                &[
+                    "XADD",
+                    s,
+                    "*",
+                    "key",
+                    "k0",
+                    "event",
+                    "charge",
+                    "id",
+                    "",
+                    "held",
+                    "-1",
+                    "charged",
+                    "x",
+                    "used",
+                    "1",
+                    "period_start",
+                    "-1",
+                    "at",
+                    "1",
+                ],
+            );
+            ok(&mut c, &["XADD", s, "*", "garbage", "1"]);
+            malformed += 3;
+        }
+        if rng.below(150) == 0 {
+            // SIGKILL one exporter at a random point, restart it (same consumer name).
+            let i = rng.below(2) as usize;
+            children[i].kill().unwrap();
+            children[i].wait().unwrap();
+            kills += 1;
+            if rng.below(3) > 0 {
+                children[i] = spawn(
+                    &mut exporter(&redis, db, consumers[i], &["--claim-idle-ms", "300"]),
+                    &log,
+                );
+            } else {
+                // Dead for a while: the other consumer claims its pending entries.
+                std::thread::sleep(Duration::from_millis(rng.below(400)));
+                children[i] = spawn(
+                    &mut exporter(&redis, db, consumers[i], &["--claim-idle-ms", "300"]),
+                    &log,
+                );
+            }
+        }
+    }
+    assert!(kills >= 5, "too few kills for a meaningful run: {kills}");
+    // Let them catch up, then kill both mid-flight once more.
+    std::thread::sleep(Duration::from_millis(200));
+    for ch in &mut children {
+        ch.kill().unwrap();
+        ch.wait().unwrap();
+    }
+    // Finish: each consumer takes back its own pending entries, then claims any left.
+    for name in consumers {
+        let st = exporter(&redis, db, name, &["--once", "--claim-idle-ms", "0"])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "final --once run of {name} failed");
+    }
+    // Every entry exactly once: the database holds exactly the stream's usage entries.
+    let in_stream = stream_ids(&mut c);
+    let (in_db, rows, rejects) = db_ids(db);
+    assert_eq!(rejects, malformed, "malformed entries skipped and recorded");
+    assert_eq!(rows as usize, in_db.len());
+    assert_eq!(in_db.len() + malformed as usize, in_stream.len());
+    assert!(in_db.is_subset(&in_stream));
+    let events: i64 = STREAMS.iter().map(|s| int(&ok(&mut c, &["XLEN", s]))).sum();
+    assert_eq!(events as usize, in_stream.len());
+    // Nothing pending in the group.
+    for s in STREAMS {
+        let p = items(&ok(&mut c, &["XPENDING", s, "quota-export"]));
+        assert_eq!(int(&p[0]), 0, "{s} still has pending entries");
+    }
+    // reconcile passes.
+    let out = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", &redis, "--db", db])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "reconcile failed:\n{table}");
+    for (key, _) in KEYS {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(key) && l.ends_with("ok")),
+            "{table}"
+        );
+    }
+    // A change not exported yet is a mismatch, and reconcile says so.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.CHARGE",
+            "k0",
+            "5",
+            "FORCE",
+            "AT",
+            &(t + 1).to_string(),
+        ],
+    );
+    let out = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", &redis, "--db", db])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    assert!(
+        table.contains("MISMATCH") && table.contains("not yet exported"),
+        "{table}"
+    );
+
+    // Metrics while running: charged units, events by kind, malformed entries, lag.
+    let addr = free_addr();
+    let mut ch = spawn(
+        &mut exporter(&redis, db, "c3", &["--metrics-addr", &addr]),
+        &log,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        if let Some(b) = scrape(&addr) {
+            if b.contains("quota_export_lag{stream=\"usage:a\",group=\"quota-export\"} 0") {
+                break b;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed the caught-up lag"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    ch.kill().unwrap();
+    ch.wait().unwrap();
+    assert!(
+        body.contains("quota_export_charged_units_total{key=\"k0\"} 5"),
+        "{body}"
+    );
+    assert!(
+        body.contains("quota_export_events_total{key=\"k0\",event=\"forced_charge\"} 1"),
+        "{body}"
+    );
+    assert!(body.contains("# TYPE quota_export_lag gauge"), "{body}");
+    let out = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", &redis, "--db", db])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn sqlite_gets_every_entry_exactly_once_through_kills() {
+    let dir = std::env::temp_dir().join(format!("rq-export-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("usage.db");
+    export_exactly_once(db.to_str().unwrap(), &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn postgres_gets_every_entry_exactly_once_through_kills() {
+    let pg = Postgres::start();
+    let dir = pg.dir.join("logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    export_exactly_once(&pg.url(), &dir);
+}
+
+#[test]
+fn reconcile_says_when_the_stream_was_trimmed_past_the_group() {
+    use_module();
+    let server = Server::start_with_module_args(&[], &["test-clock", "yes", "sweep-effort", "0"]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let dir = std::env::temp_dir().join(format!("rq-export-trim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("u.db");
+    let db = db.to_str().unwrap();
+    ok(&mut c, &["CONFIG", "SET", "stream-node-max-entries", "2"]);
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "k",
+            "LIMIT",
+            "1000",
+            "STREAM",
+            "s",
+            "STREAMMAXLEN",
+            "2",
+            "AT",
+            &T.to_string(),
+        ],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "k", "1", "AT", &T.to_string()]);
+    let st = Command::new(EXPORTER)
+        .args([
+            "run", "--redis", &redis, "--db", db, "--stream", "s", "--once",
+        ])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for i in 0..10 {
+        ok(
+            &mut c,
+            &["QUOTA.CHARGE", "k", "1", "AT", &(T + i).to_string()],
+        );
+    }
+    let out = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", &redis, "--db", db])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("TRIMMED PAST THE GROUP"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

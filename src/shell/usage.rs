@@ -1,0 +1,487 @@
+//! The usage log (issue 21): one Redis Stream entry per event that finishes a reservation or
+//! changes `used`, written by the master in the same command as the ledger change.
+//!
+//! Entries are derived here, in one place, from the effects a master applies
+//! ([`crate::shell::apply`] calls [`apply_logged`] and [`write`]): every command, the sweeper
+//! and QUOTA.SET log through it. Each entry has the same fields, in this order:
+//!
+//! | field | value |
+//! |---|---|
+//! | `key` | the budget key |
+//! | `event` | `settle`, `late_settle`, `rollback`, `expire`, `charge`, `forced_charge`, `reset`, `adjust` |
+//! | `id` | the reservation or charge id; empty for a charge without ID, a reset, an adjustment |
+//! | `held` | the reservation's amount (settle, late settle, rollback, expire); -1 otherwise |
+//! | `charged` | what `used` grew by: the actual, the charge, the adjustment's delta; 0 for a rollback, an expiry, a reset |
+//! | `used` | `used` after the event; for a `reset`, the closing `used` of the period that ended |
+//! | `period_start` | start (unix ms) of the period `used` belongs to (for a `reset`: the one that ended); -1 without a period |
+//! | `at` | the master's time of the command (unix ms) |
+//!
+//! So for every budget key, the sum of `charged` over the entries whose `period_start` is the
+//! current period's start equals `used` (QUOTA.INFO).
+//!
+//! The entry is added with `XADD stream MAXLEN ~ n * field value ...` through `RedisModule_Call`
+//! with the `!` flag: Redis picks the entry id on the master and propagates the XADD it
+//! executed, rewritten with the explicit id and an exact trim (`MAXLEN = length`), to replicas
+//! and the AOF, in the same MULTI/EXEC as the command's `QUOTA.APPLY`. Replicas and AOF replays
+//! never log themselves: they apply the master's XADD.
+
+use std::os::raw::c_int;
+
+use redis_module::{raw, Context, KeyType, RedisError, RedisString};
+
+use crate::core::book::{Entry as BookEntry, Id, Outcome};
+use crate::core::ledger::{Budget, Effect, UsageLog};
+use crate::shell::apply::Applied;
+use crate::shell::reply::error_reply;
+use crate::shell::stats;
+
+/// One usage event, before it is written (see the module docs for the fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageEntry {
+    /// One of [`EVENTS`].
+    pub event: &'static str,
+    /// The reservation or charge id; empty where none applies.
+    pub id: Id,
+    /// The reservation's amount; -1 where none applies.
+    pub held: i64,
+    /// What the event added to `used` (may be negative for an adjustment).
+    pub charged: i64,
+    /// `used` after the event (a reset: the closing `used`).
+    pub used: i64,
+    /// Start of the period the entry counts in (unix ms); -1 without a period.
+    pub period_start: i64,
+}
+
+/// Could applying `effects` to `budget` log anything? (It has a log, or the effects turn one on.)
+pub fn may_log(budget: &Budget, effects: &[Effect]) -> bool {
+    budget.usage().is_some()
+        || effects
+            .iter()
+            .any(|e| matches!(e, Effect::Usage { log: Some(_) }))
+}
+
+/// The amount a reservation held, before an effect on it is applied (-1: no id, or unknown).
+fn held_before(b: &Budget, e: &Effect) -> i64 {
+    let id = match e {
+        Effect::Settle { id, .. }
+        | Effect::SettleLate { id, .. }
+        | Effect::Rollback { id }
+        | Effect::Release { id, .. } => id,
+        _ => return -1,
+    };
+    match b.book().get(id) {
+        Some(BookEntry::Pending(r)) => r.amount,
+        Some(BookEntry::Finished(f)) => match f.outcome {
+            Outcome::Expired { amount, .. } => amount,
+            _ => -1,
+        },
+        None => -1,
+    }
+}
+
+fn start_of(bounds: Option<(i64, i64)>) -> i64 {
+    bounds.map_or(-1, |b| b.0)
+}
+
+/// The entry an applied effect logs, from the budget before (`used_before`, `bounds_before`,
+/// `held`) and after it.
+fn entry_of(
+    e: &Effect,
+    held: i64,
+    used_before: i64,
+    bounds_before: Option<(i64, i64)>,
+    after: &Budget,
+) -> Option<UsageEntry> {
+    let used = after.stored_used();
+    let period_start = start_of(after.stored_bounds());
+    let entry = |event, id: &Id, held, charged| UsageEntry {
+        event,
+        id: Id::from_slice(id),
+        held,
+        charged,
+        used,
+        period_start,
+    };
+    let none = Id::from_slice(b"");
+    // What the effect added to `used` (the actual of a settle, a charge's amount, 0 for a
+    // rollback or a releasing expiry): read from the ledger, so the entries always add up.
+    let grew = used.checked_sub(used_before).unwrap_or(0);
+    Some(match e {
+        Effect::Settle { id, .. } => entry("settle", id, held, grew),
+        Effect::SettleLate { id, .. } => entry("late_settle", id, held, grew),
+        Effect::Rollback { id } => entry("rollback", id, held, grew),
+        Effect::Release { id, .. } => entry("expire", id, held, grew),
+        Effect::Charge { id, forced, .. } => entry(
+            if *forced { "forced_charge" } else { "charge" },
+            id.as_ref().unwrap_or(&none),
+            -1,
+            grew,
+        ),
+        Effect::Reset { .. } => UsageEntry {
+            event: "reset",
+            id: none,
+            held: -1,
+            charged: 0,
+            used: used_before,
+            period_start: start_of(bounds_before),
+        },
+        Effect::Configure { .. } => {
+            // A new period (the rule changed, or the budget is new) starts from 0 in the log:
+            // what it carries over is its adjustment.
+            let same_period = bounds_before.is_some() == after.stored_bounds().is_some()
+                && start_of(bounds_before) == period_start;
+            let base = if same_period { used_before } else { 0 };
+            let delta = used.checked_sub(base)?;
+            if delta == 0 {
+                return None;
+            }
+            entry("adjust", &none, -1, delta)
+        }
+        Effect::Grant { .. }
+        | Effect::Extend { .. }
+        | Effect::Forget { .. }
+        | Effect::Usage { .. } => return None,
+    })
+}
+
+/// Applies effects in order like [`crate::shell::apply::apply_all`], and appends to `log` the
+/// usage entries of the ones applied (only while `log` is `Some`: replicas pass `None`).
+pub fn apply_logged(
+    budget: &mut Budget,
+    at: i64,
+    effects: &[Effect],
+    mut log: Option<&mut Vec<UsageEntry>>,
+) -> Applied {
+    for (i, e) in effects.iter().enumerate() {
+        let before = log.as_ref().map(|_| {
+            (
+                held_before(budget, e),
+                budget.stored_used(),
+                budget.stored_bounds(),
+            )
+        });
+        if let Err(err) = budget.apply(at, e) {
+            return Applied {
+                applied: i,
+                error: Some(error_reply(err)),
+            };
+        }
+        if let (Some(log), Some((held, used, bounds))) = (log.as_deref_mut(), before) {
+            log.extend(entry_of(e, held, used, bounds, budget));
+        }
+    }
+    Applied {
+        applied: effects.len(),
+        error: None,
+    }
+}
+
+/// Refuses (before anything is applied) a write whose usage entries could not be added: the
+/// stream key holds another type. The ledger and its log must not diverge.
+pub fn check_stream(ctx: &Context, budget: &Budget, effects: &[Effect]) -> Result<(), RedisError> {
+    let stream = effects
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Effect::Usage { log } => Some(log.as_ref()),
+            _ => None,
+        })
+        .unwrap_or(budget.usage());
+    match stream {
+        Some(log) => check_stream_key(ctx, &log.stream),
+        None => Ok(()),
+    }
+}
+
+/// `NOPERM` unless the calling user's ACL key patterns allow writing `stream` (QUOTA.SET ...
+/// STREAM: the stream key is not a key of the command, so Redis cannot check it). Allowed when
+/// there is no calling user (AOF load, a timer) or the server lacks the ACL module API.
+pub fn check_stream_acl(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> {
+    // SAFETY: plain API calls with a live context; every pointer is checked for null, and
+    // what the calls return is freed once (the user name string, the user).
+    unsafe {
+        let (Some(current), Some(from_name), Some(check), Some(free_user), Some(free_string)) = (
+            raw::RedisModule_GetCurrentUserName,
+            raw::RedisModule_GetModuleUserFromUserName,
+            raw::RedisModule_ACLCheckKeyPermissions,
+            raw::RedisModule_FreeModuleUser,
+            raw::RedisModule_FreeString,
+        ) else {
+            return Ok(());
+        };
+        let name = current(ctx.ctx);
+        if name.is_null() {
+            return Ok(());
+        }
+        let user = from_name(name);
+        free_string(ctx.ctx, name);
+        if user.is_null() {
+            return Ok(());
+        }
+        let key = RedisString::create_from_slice(ctx.ctx, stream);
+        let flags = raw::REDISMODULE_CMD_KEY_INSERT | raw::REDISMODULE_CMD_KEY_UPDATE;
+        let status = check(user, key.inner, flags as c_int);
+        free_user(user);
+        if status == raw::REDISMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err(RedisError::Str(
+                "NOPERM this user has no permissions to write the usage stream key",
+            ))
+        }
+    }
+}
+
+/// WRONGTYPE unless `stream` is missing or a stream.
+pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> {
+    let name = RedisString::create_from_slice(ctx.ctx, stream);
+    match ctx.open_key(&name).key_type() {
+        KeyType::Empty | KeyType::Stream => Ok(()),
+        _ => Err(RedisError::Str(
+            "WRONGTYPE the usage stream key holds a value that is not a stream",
+        )),
+    }
+}
+
+/// Names and words every XADD uses, created once (Redis strings without a context) and kept
+/// for the life of the process: no allocation per entry for them.
+struct Words {
+    maxlen: *mut raw::RedisModuleString,
+    approx: *mut raw::RedisModuleString,
+    auto_id: *mut raw::RedisModuleString,
+    /// key, event, id, held, charged, used, period_start, at.
+    fields: [*mut raw::RedisModuleString; 8],
+}
+
+/// Every `event` value, each kept as a Redis string like [`Words`].
+const EVENTS: [&str; 8] = [
+    "settle",
+    "late_settle",
+    "rollback",
+    "expire",
+    "charge",
+    "forced_charge",
+    "reset",
+    "adjust",
+];
+
+std::thread_local! {
+    /// Only the main thread writes usage entries.
+    static WORDS: std::cell::OnceCell<Option<(Words, [*mut raw::RedisModuleString; 8])>> =
+        const { std::cell::OnceCell::new() };
+}
+
+/// A Redis string without a context (freed by whoever owns it).
+fn string(bytes: &[u8]) -> *mut raw::RedisModuleString {
+    // SAFETY: plain API call; Redis copies the bytes.
+    unsafe {
+        match raw::RedisModule_CreateString {
+            Some(f) => f(std::ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()),
+            None => std::ptr::null_mut(),
+        }
+    }
+}
+
+fn int_string(n: i64) -> *mut raw::RedisModuleString {
+    string(itoa::Buffer::new().format(n).as_bytes())
+}
+
+fn words() -> Option<(Words, [*mut raw::RedisModuleString; 8])> {
+    let mut fields = [std::ptr::null_mut(); 8];
+    let mut events = [std::ptr::null_mut(); 8];
+    for (slot, name) in fields.iter_mut().zip(FIELDS) {
+        *slot = string(name.as_bytes());
+    }
+    for (slot, name) in events.iter_mut().zip(EVENTS) {
+        *slot = string(name.as_bytes());
+    }
+    let w = Words {
+        maxlen: string(b"MAXLEN"),
+        approx: string(b"~"),
+        auto_id: string(b"*"),
+        fields,
+    };
+    let all_made = [w.maxlen, w.approx, w.auto_id]
+        .iter()
+        .chain(fields.iter())
+        .chain(events.iter())
+        .all(|p| !p.is_null());
+    all_made.then_some((w, events))
+}
+
+/// The field names, in the order every entry carries them.
+pub const FIELDS: [&str; 8] = [
+    "key",
+    "event",
+    "id",
+    "held",
+    "charged",
+    "used",
+    "period_start",
+    "at",
+];
+
+/// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one XADD
+/// each through `RedisModule_Call` with `!` (Redis propagates it as executed) and `E`. A failed
+/// XADD (never expected: the type was checked) is logged and counted (`INFO quota`
+/// `usage_stream_errors`), never a crash.
+pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries: &[UsageEntry]) {
+    if entries.is_empty() {
+        return;
+    }
+    let failed = WORDS
+        .try_with(|cell| match cell.get_or_init(words) {
+            Some((w, events)) => xadd_all(ctx, key, log, at, entries, w, events),
+            None => entries.len(),
+        })
+        .unwrap_or(entries.len());
+    stats::add(
+        &stats::USAGE_ENTRIES,
+        i64::try_from(entries.len().saturating_sub(failed)).unwrap_or(0),
+    );
+    if failed > 0 {
+        stats::add(&stats::USAGE_ERRORS, i64::try_from(failed).unwrap_or(0));
+        ctx.log_warning("quota: a usage stream entry could not be added (XADD failed)");
+    }
+}
+
+/// The XADDs of [`write`]; returns how many failed.
+fn xadd_all(
+    ctx: &Context,
+    key: &RedisString,
+    log: &UsageLog,
+    at: i64,
+    entries: &[UsageEntry],
+    w: &Words,
+    events: &[*mut raw::RedisModuleString; 8],
+) -> usize {
+    // Made once per write, shared by its entries; freed at the end.
+    let (stream, max_len, at_s) = (string(&log.stream), int_string(log.max_len), int_string(at));
+    let mut owned = vec![stream, max_len, at_s];
+    let mut failed: usize = 0;
+    for e in entries {
+        let event = match EVENTS.iter().position(|n| *n == e.event) {
+            Some(i) => events.get(i).copied().unwrap_or(std::ptr::null_mut()),
+            None => {
+                let s = string(e.event.as_bytes());
+                owned.push(s);
+                s
+            }
+        };
+        let per_entry = [
+            string(&e.id),
+            int_string(e.held),
+            int_string(e.charged),
+            int_string(e.used),
+            int_string(e.period_start),
+        ];
+        let values = [
+            key.inner,
+            event,
+            per_entry[0],
+            per_entry[1],
+            per_entry[2],
+            per_entry[3],
+            per_entry[4],
+            at_s,
+        ];
+        let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
+        argv.push(stream);
+        if log.max_len > 0 {
+            argv.extend([w.maxlen, w.approx, max_len]);
+        }
+        argv.push(w.auto_id);
+        for (f, v) in w.fields.iter().zip(values) {
+            argv.extend([*f, v]);
+        }
+        if argv.iter().any(|p| p.is_null()) || !call_xadd(ctx, &mut argv) {
+            failed = failed.saturating_add(1);
+        }
+        owned.extend(per_entry);
+    }
+    for s in owned {
+        if !s.is_null() {
+            // SAFETY: each was created above without a context and is freed once.
+            unsafe {
+                if let Some(free) = raw::RedisModule_FreeString {
+                    free(std::ptr::null_mut(), s);
+                }
+            }
+        }
+    }
+    failed
+}
+
+/// `RedisModule_Call(ctx, "XADD", "!Ev", argv, argc)`: true if it replied without an error.
+fn call_xadd(ctx: &Context, argv: &mut [*mut raw::RedisModuleString]) -> bool {
+    // SAFETY: a live context; `v` takes (RedisModuleString **, size_t) and Redis takes its own
+    // references to the strings for the call. The reply is freed once.
+    unsafe {
+        let (Some(call), Some(kind), Some(free)) = (
+            raw::RedisModule_Call,
+            raw::RedisModule_CallReplyType,
+            raw::RedisModule_FreeCallReply,
+        ) else {
+            return false;
+        };
+        let reply = call(
+            ctx.ctx,
+            c"XADD".as_ptr(),
+            c"!Ev".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
+        );
+        if reply.is_null() {
+            return false;
+        }
+        let ok = kind(reply) != raw::REDISMODULE_REPLY_ERROR as c_int;
+        free(reply);
+        ok
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of the hash tag — the part between
+/// the first `{` and the next `}`, if not empty — or of the whole key, mod 16384. Redis 7.0
+/// has no `RedisModule_ClusterKeySlot`.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&c| c == b'{').and_then(|open| {
+        let rest = key.get(open.checked_add(1)?..)?;
+        let close = rest.iter().position(|&c| c == b'}')?;
+        (close > 0).then(|| rest.get(..close)).flatten()
+    });
+    crc16(tagged.unwrap_or(key)) & 0x3fff
+}
+
+/// CRC16-CCITT (XMODEM: polynomial 0x1021, init 0), as Redis Cluster uses.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_slots_match_redis_cluster() {
+        // Values from CLUSTER KEYSLOT on Redis 7.0.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b""), 0);
+    }
+}

@@ -1,0 +1,710 @@
+//! The usage log (issue 21): `QUOTA.SET ... STREAM key [STREAMMAXLEN n]`. One stream entry per
+//! event that finishes a reservation or changes `used`, with exact fields; nothing for
+//! denials, duplicates, reads and errors; replicas, AOF replays and DEBUG RELOAD hold the same
+//! stream as the master; the cluster same-slot rule; trimming.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+/// 2100-01-01T00:00Z: the start of a UTC day.
+const T: i64 = 4_102_444_800_000;
+const DAY: i64 = 86_400_000;
+
+fn clock_server(args: &[&str]) -> Server {
+    Server::start_with_module_args(args, &["test-clock", "yes", "sweep-effort", "0"])
+}
+
+fn at(t: i64) -> String {
+    t.to_string()
+}
+
+/// One entry's fields in the module's order, as text: (key, event, id, held, charged, used,
+/// period_start, at).
+type Fields = Vec<(String, String)>;
+
+fn entries(c: &mut redis::Connection, stream: &str) -> Vec<(String, Fields)> {
+    items(&ok(c, &["XRANGE", stream, "-", "+"]))
+        .into_iter()
+        .map(|e| {
+            let e = items(&e);
+            let kv = items(&e[1])
+                .chunks(2)
+                .map(|p| (text(&p[0]), text(&p[1])))
+                .collect();
+            (text(&e[0]), kv)
+        })
+        .collect()
+}
+
+/// The expected fields of an entry of budget `key`.
+#[allow(clippy::too_many_arguments)]
+fn entry(
+    key: &str,
+    event: &str,
+    id: &str,
+    held: i64,
+    charged: i64,
+    used: i64,
+    period_start: i64,
+    at: i64,
+) -> Fields {
+    [
+        ("key", key.to_string()),
+        ("event", event.to_string()),
+        ("id", id.to_string()),
+        ("held", held.to_string()),
+        ("charged", charged.to_string()),
+        ("used", used.to_string()),
+        ("period_start", period_start.to_string()),
+        ("at", at.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn xlen(c: &mut redis::Connection, stream: &str) -> i64 {
+    int(&ok(c, &["XLEN", stream]))
+}
+
+#[test]
+fn every_event_kind_logs_one_entry_with_exact_fields() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let (b, u) = ("{t}:b", "{t}:usage");
+    // A new budget logs its starting USED as an adjustment.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            b,
+            "LIMIT",
+            "100",
+            "USED",
+            "5",
+            "PERIOD",
+            "DAY",
+            "STREAM",
+            u,
+            "AT",
+            &at(T),
+        ],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", b, "10", "ID", "r1", "AT", &at(T + 1)],
+    );
+    ok(&mut c, &["QUOTA.SETTLE", b, "r1", "7", "AT", &at(T + 2)]);
+    // A retried SETTLE, a denial, reads and errors append nothing.
+    let before = xlen(&mut c, u);
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.SETTLE", b, "r1", "7", "AT", &at(T + 3)],
+    ));
+    assert_eq!(text(&r[0]), "duplicate");
+    let r = items(&ok(&mut c, &["QUOTA.RESERVE", b, "1000", "AT", &at(T + 3)]));
+    assert_eq!(int(&r[0]), 0);
+    let r = items(&ok(&mut c, &["QUOTA.CHARGE", b, "1000", "AT", &at(T + 3)]));
+    assert_eq!(int(&r[0]), 0);
+    err(&mut c, &["QUOTA.SETTLE", b, "nope", "1", "AT", &at(T + 3)]);
+    err(&mut c, &["QUOTA.SETTLE", b, "r1", "8", "AT", &at(T + 3)]);
+    ok(&mut c, &["QUOTA.INFO", b, "AT", &at(T + 3)]);
+    ok(&mut c, &["QUOTA.PENDING", b, "AT", &at(T + 3)]);
+    ok(&mut c, &["QUOTA.SET", b, "LIMIT", "100", "AT", &at(T + 3)]);
+    assert_eq!(xlen(&mut c, u), before);
+
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", b, "10", "ID", "r2", "AT", &at(T + 4)],
+    );
+    ok(&mut c, &["QUOTA.ROLLBACK", b, "r2", "AT", &at(T + 5)]);
+    // A duplicate rollback appends nothing.
+    ok(&mut c, &["QUOTA.ROLLBACK", b, "r2", "AT", &at(T + 5)]);
+    // Expired, then settled late: the write releases it first.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.RESERVE",
+            b,
+            "4",
+            "ID",
+            "r3",
+            "TTL",
+            "10",
+            "AT",
+            &at(T + 6),
+        ],
+    );
+    let r = items(&ok(
+        &mut c,
+        &["QUOTA.SETTLE", b, "r3", "6", "AT", &at(T + 100)],
+    ));
+    assert_eq!(text(&r[0]), "late");
+    // Expired and released by another write's maintenance, then a charge with an id.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.RESERVE",
+            b,
+            "3",
+            "ID",
+            "r4",
+            "TTL",
+            "10",
+            "AT",
+            &at(T + 200),
+        ],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.CHARGE", b, "2", "ID", "c1", "AT", &at(T + 300)],
+    );
+    // A retried charge appends nothing.
+    ok(
+        &mut c,
+        &["QUOTA.CHARGE", b, "2", "ID", "c1", "AT", &at(T + 300)],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.CHARGE", b, "1000", "FORCE", "AT", &at(T + 301)],
+    );
+    // An adjustment logs the delta.
+    ok(&mut c, &["QUOTA.SET", b, "USED", "50", "AT", &at(T + 302)]);
+    // The next day: the write that resets logs the closing used, then its own charge.
+    ok(&mut c, &["QUOTA.CHARGE", b, "1", "AT", &at(T + DAY + 5)]);
+
+    let got: Vec<Fields> = entries(&mut c, u).into_iter().map(|(_, f)| f).collect();
+    let want = vec![
+        entry(b, "adjust", "", -1, 5, 5, T, T),
+        entry(b, "settle", "r1", 10, 7, 12, T, T + 2),
+        entry(b, "rollback", "r2", 10, 0, 12, T, T + 5),
+        entry(b, "expire", "r3", 4, 0, 12, T, T + 100),
+        entry(b, "late_settle", "r3", 4, 6, 18, T, T + 100),
+        entry(b, "expire", "r4", 3, 0, 18, T, T + 300),
+        entry(b, "charge", "c1", -1, 2, 20, T, T + 300),
+        entry(b, "forced_charge", "", -1, 1000, 1020, T, T + 301),
+        entry(b, "adjust", "", -1, -970, 50, T, T + 302),
+        entry(b, "reset", "", -1, 0, 50, T, T + DAY + 5),
+        entry(b, "charge", "", -1, 1, 1, T + DAY, T + DAY + 5),
+    ];
+    assert_eq!(got, want);
+
+    // The sum of the charged amounts in the current period is `used`.
+    let i = info_at(&mut c, b, T + DAY + 6);
+    let start = i["period_start_ms"];
+    let sum: i64 = got
+        .iter()
+        .filter(|f| f[6].1 == start.to_string())
+        .map(|f| f[4].1.parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(sum, i["used"]);
+    // And over the first day, it is that day's closing used.
+    let day1: i64 = got
+        .iter()
+        .filter(|f| f[6].1 == T.to_string() && f[1].1 != "reset")
+        .map(|f| f[4].1.parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(day1, 50);
+
+    // QUOTA.INFO names the stream and its MAXLEN (the default).
+    let v = items(&ok(&mut c, &["QUOTA.INFO", b, "AT", &at(T + DAY + 6)]));
+    let f: Vec<String> = v
+        .iter()
+        .map(|x| match x {
+            Value::Int(n) => n.to_string(),
+            other => text(other),
+        })
+        .collect();
+    let pos = f.iter().position(|x| x == "stream").unwrap();
+    assert_eq!(f[pos + 1], u);
+    assert_eq!(f[pos + 2..pos + 4], ["stream_maxlen", "1000000"]);
+}
+
+#[test]
+fn stream_off_logs_nothing_and_settings_are_checked() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["QUOTA.SET", "b", "LIMIT", "100", "AT", &at(T)]);
+    ok(&mut c, &["QUOTA.CHARGE", "b", "1", "AT", &at(T)]);
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "u"])), 0);
+    // STREAMMAXLEN needs a stream; a negative one is refused; neither changes anything.
+    let d = digest(&mut c, "b");
+    assert!(err(&mut c, &["QUOTA.SET", "b", "STREAMMAXLEN", "5"])
+        .1
+        .contains("STREAM key"));
+    err(
+        &mut c,
+        &["QUOTA.SET", "b", "STREAM", "u", "STREAMMAXLEN", "-1"],
+    );
+    // Another type at the stream key, or the budget key itself, is refused.
+    ok(&mut c, &["SET", "str", "x"]);
+    assert_eq!(
+        err(&mut c, &["QUOTA.SET", "b", "STREAM", "str"]).0,
+        "WRONGTYPE"
+    );
+    err(&mut c, &["QUOTA.SET", "b", "STREAM", "b"]);
+    assert_eq!(digest(&mut c, "b"), d);
+
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "b",
+            "STREAM",
+            "u",
+            "STREAMMAXLEN",
+            "7",
+            "AT",
+            &at(T + 1),
+        ],
+    );
+    assert_eq!(info_at(&mut c, "b", T + 1)["stream_maxlen"], 7);
+    // Turning the log on logs nothing by itself.
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "u"])), 0);
+    ok(&mut c, &["QUOTA.CHARGE", "b", "2", "AT", &at(T + 2)]);
+    assert_eq!(xlen(&mut c, "u"), 1);
+    // STREAMMAXLEN alone changes the MAXLEN; STREAM alone keeps it.
+    ok(
+        &mut c,
+        &["QUOTA.SET", "b", "STREAMMAXLEN", "0", "AT", &at(T + 3)],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "b", "STREAM", "u2", "AT", &at(T + 3)],
+    );
+    assert_eq!(info_at(&mut c, "b", T + 3)["stream_maxlen"], 0);
+    ok(&mut c, &["QUOTA.CHARGE", "b", "3", "AT", &at(T + 4)]);
+    assert_eq!((xlen(&mut c, "u"), xlen(&mut c, "u2")), (1, 1));
+
+    // The stream key replaced by another type: the write is refused and changes nothing.
+    ok(&mut c, &["DEL", "u2"]);
+    ok(&mut c, &["SET", "u2", "x"]);
+    let d = digest(&mut c, "b");
+    assert_eq!(
+        err(&mut c, &["QUOTA.CHARGE", "b", "3", "AT", &at(T + 5)]).0,
+        "WRONGTYPE"
+    );
+    assert_eq!(digest(&mut c, "b"), d);
+    ok(&mut c, &["DEL", "u2"]);
+
+    // STREAM "" turns it off.
+    ok(&mut c, &["QUOTA.SET", "b", "STREAM", "", "AT", &at(T + 6)]);
+    ok(&mut c, &["QUOTA.CHARGE", "b", "4", "AT", &at(T + 7)]);
+    assert_eq!((xlen(&mut c, "u"), xlen(&mut c, "u2")), (1, 0));
+    let i = info_at(&mut c, "b", T + 7);
+    assert_eq!(i["stream_maxlen"], -1);
+}
+
+/// Waits until the replica has everything the master wrote.
+fn sync(m: &mut redis::Connection) {
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(m).unwrap();
+    assert_eq!(n, 1);
+}
+
+/// A workload touching every event kind on three budgets sharing and not sharing streams.
+fn workload(c: &mut redis::Connection, t0: i64) {
+    ok(
+        c,
+        &[
+            "QUOTA.SET",
+            "{a}:b",
+            "LIMIT",
+            "1000",
+            "USED",
+            "3",
+            "PERIOD",
+            "HOUR",
+            "STREAM",
+            "{a}:u",
+            "STREAMMAXLEN",
+            "10",
+            "AT",
+            &at(t0),
+        ],
+    );
+    ok(
+        c,
+        &[
+            "QUOTA.SET",
+            "{a}:c",
+            "LIMIT",
+            "50",
+            "STREAM",
+            "{a}:u",
+            "STREAMMAXLEN",
+            "10",
+            "AT",
+            &at(t0),
+        ],
+    );
+    ok(
+        c,
+        &[
+            "QUOTA.SET",
+            "x",
+            "LIMIT",
+            "1000",
+            "STREAM",
+            "xu",
+            "STREAMMAXLEN",
+            "0",
+            "AT",
+            &at(t0),
+        ],
+    );
+    for i in 0..60i64 {
+        let t = t0 + i * 60_000;
+        for key in ["{a}:b", "{a}:c", "x"] {
+            let id = format!("r{i}");
+            // Denials and errors (a settle of a denied reservation) are part of the workload.
+            let _ = q(
+                c,
+                &[
+                    "QUOTA.RESERVE",
+                    key,
+                    "5",
+                    "ID",
+                    &id,
+                    "TTL",
+                    "90000",
+                    "AT",
+                    &at(t),
+                ],
+            );
+            let t1 = at(t + 1);
+            let _ = match i % 4 {
+                0 => q(c, &["QUOTA.SETTLE", key, &id, "4", "AT", &t1]),
+                1 => q(c, &["QUOTA.ROLLBACK", key, &id, "AT", &t1]),
+                2 => q(
+                    c,
+                    &["QUOTA.CHARGE", key, "2", "ID", &format!("c{i}"), "AT", &t1],
+                ),
+                _ => q(c, &["QUOTA.CHARGE", key, "9", "FORCE", "AT", &t1]),
+            };
+        }
+    }
+    ok(
+        c,
+        &["QUOTA.SET", "x", "USED", "1", "AT", &at(t0 + 3_700_000)],
+    );
+}
+
+#[test]
+fn replica_aof_and_reload_hold_the_masters_stream() {
+    // Different node sizes: approximate trimming on the master must not depend on them.
+    let mut master = clock_server(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--stream-node-max-entries",
+        "4",
+    ]);
+    let replica = clock_server(&["--stream-node-max-entries", "100"]);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    workload(&mut m, T);
+    sync(&mut m);
+    let want = all_digests(&mut m);
+    assert_eq!(keys(&mut m), ["x", "xu", "{a}:b", "{a}:c", "{a}:u"]);
+    assert_eq!(all_digests(&mut r), want);
+    assert_eq!(entries(&mut r, "{a}:u"), entries(&mut m, "{a}:u"));
+    // Trimmed on the master (MAXLEN ~ 10 with 4-entry nodes), the same on the replica.
+    let len = xlen(&mut m, "{a}:u");
+    assert!((10..=14).contains(&len), "{len}");
+    // STREAMMAXLEN 0: nothing trimmed, and the entries add up to `used`.
+    let sp = items(&ok(&mut m, &["XINFO", "STREAM", "xu"]));
+    let deleted = sp
+        .chunks(2)
+        .find(|p| p[0] == Value::BulkString(b"max-deleted-entry-id".to_vec()))
+        .map(|p| text(&p[1]));
+    assert_eq!(deleted.as_deref(), Some("0-0"));
+    let sum: i64 = entries(&mut m, "xu")
+        .iter()
+        .map(|(_, f)| f[4].1.parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(sum, info_at(&mut m, "x", T + 3_700_000)["used"]);
+    assert!(xlen(&mut m, "xu") > 60);
+
+    ok(&mut m, &["DEBUG", "RELOAD"]);
+    assert_eq!(all_digests(&mut m), want);
+    // AOF replay, with the RDB preamble and without (QUOTA.LOAD of the budgets).
+    master.restart();
+    let mut m = master.conn();
+    assert_eq!(all_digests(&mut m), want);
+    ok(&mut m, &["CONFIG", "SET", "aof-use-rdb-preamble", "no"]);
+    ok(&mut m, &["BGREWRITEAOF"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while info_section(&mut m, "persistence")["aof_rewrite_in_progress"] == 1
+        || info_section(&mut m, "persistence")["aof_rewrite_scheduled"] == 1
+    {
+        assert!(Instant::now() < deadline, "rewrite did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    master.restart();
+    let mut m = master.conn();
+    assert_eq!(all_digests(&mut m), want);
+    assert_eq!(info_at(&mut m, "{a}:b", T + 3_700_000)["stream_maxlen"], 10);
+}
+
+#[test]
+fn sweeper_expiries_are_logged_and_replicated() {
+    let master = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    ok(&mut m, &["QUOTA.SET", "b", "LIMIT", "100", "STREAM", "u"]);
+    ok(
+        &mut m,
+        &["QUOTA.RESERVE", "b", "7", "ID", "short", "TTL", "50"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while xlen(&mut m, "u") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the sweeper did not log the expiry"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = entries(&mut m, "u");
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].1[1].1, "expire");
+    assert_eq!((e[0].1[2].1.as_str(), e[0].1[3].1.as_str()), ("short", "7"));
+    assert_eq!(e[0].1[4].1, "0");
+    sync(&mut m);
+    assert_eq!(all_digests(&mut r), all_digests(&mut m));
+}
+
+#[test]
+fn cross_slot_streams_are_refused_in_a_cluster() {
+    let s = Server::start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ]);
+    let mut c = s.conn();
+    ok(&mut c, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let i: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
+        if i.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "cluster did not come up: {i}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, msg) = err(
+        &mut c,
+        &["QUOTA.SET", "{a}:b", "LIMIT", "1", "STREAM", "{b}:u"],
+    );
+    assert_eq!(code, "CROSSSLOT", "{msg}");
+    assert!(msg.contains("hash tag"), "{msg}");
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "{a}:b"])), 0);
+    // The module's slot agrees with Redis's for keys that share one.
+    let slot = |c: &mut redis::Connection, k: &str| int(&ok(c, &["CLUSTER", "KEYSLOT", k]));
+    assert_eq!(slot(&mut c, "{a}:b"), slot(&mut c, "{a}:u"));
+    assert_ne!(slot(&mut c, "{a}:b"), slot(&mut c, "{b}:u"));
+    ok(
+        &mut c,
+        &["QUOTA.SET", "{a}:b", "LIMIT", "10", "STREAM", "{a}:u"],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{a}:b", "3"]);
+    assert_eq!(xlen(&mut c, "{a}:u"), 1);
+    // Changing it later is checked the same way.
+    assert_eq!(
+        err(&mut c, &["QUOTA.SET", "{a}:b", "STREAM", "other"]).0,
+        "CROSSSLOT"
+    );
+    // Without a cluster, any stream key is accepted.
+    let plain = Server::start(&[]);
+    let mut p = plain.conn();
+    ok(
+        &mut p,
+        &["QUOTA.SET", "{a}:b", "LIMIT", "1", "STREAM", "{b}:u"],
+    );
+}
+
+#[test]
+fn a_user_may_log_only_to_streams_its_key_patterns_allow() {
+    let s = Server::start(&[]);
+    let mut admin = s.conn();
+    ok(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "acme",
+            "on",
+            ">pw",
+            "~{acme}:*",
+            "+quota.set",
+            "+quota.charge",
+            "+xlen",
+        ],
+    );
+    let mut c = redis::Client::open(format!("redis://acme:pw@127.0.0.1:{}/", s.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (code, _) = err(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{acme}:b",
+            "LIMIT",
+            "10",
+            "STREAM",
+            "billing:all",
+        ],
+    );
+    assert_eq!(code, "NOPERM");
+    assert_eq!(int(&ok(&mut admin, &["EXISTS", "{acme}:b"])), 0);
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{acme}:b",
+            "LIMIT",
+            "10",
+            "STREAM",
+            "{acme}:usage",
+        ],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{acme}:b", "2"]);
+    assert_eq!(int(&ok(&mut c, &["XLEN", "{acme}:usage"])), 1);
+    // The admin may point it anywhere.
+    ok(
+        &mut admin,
+        &["QUOTA.SET", "{acme}:b", "STREAM", "billing:all"],
+    );
+}
+
+#[test]
+fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let t = |d: i64| (T + d).to_string();
+    // The first key logs to a stream that stays fine: only the second one's goes bad.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{t}:org",
+            "LIMIT",
+            "1000",
+            "STREAM",
+            "{t}:u2",
+            "AT",
+            &t(0),
+        ],
+    );
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{t}:user",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "{t}:u",
+            "AT",
+            &t(0),
+        ],
+    );
+    ok(
+        &mut c,
+        &["QUOTA.SET", "{t}:plain", "LIMIT", "100", "AT", &t(0)],
+    );
+    let keys = ["3", "{t}:org", "{t}:user", "{t}:plain"];
+    let mut reserve = vec!["QUOTA.MRESERVE"];
+    reserve.extend(keys);
+    reserve.extend(["10", "10", "10", "ID", "m1", "AT"]);
+    let at1 = t(1);
+    reserve.push(&at1);
+    ok(&mut c, &reserve);
+    // The stream of one key replaced by a string: the whole settle is refused, nothing changes.
+    // (The stream does not exist yet: reservations log nothing.)
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "{t}:u"])), 0);
+    ok(&mut c, &["SET", "{t}:u", "x"]);
+    let digests = all_digests(&mut c);
+    let mut settle = vec!["QUOTA.MSETTLE"];
+    settle.extend(keys);
+    settle.extend(["m1", "7", "8", "9", "AT"]);
+    let at2 = t(2);
+    settle.push(&at2);
+    assert_eq!(err(&mut c, &settle).0, "WRONGTYPE");
+    assert_eq!(all_digests(&mut c), digests);
+    ok(&mut c, &["DEL", "{t}:u"]);
+    ok(&mut c, &settle);
+    let got = |c: &mut redis::Connection, s: &str| -> Vec<(String, String, String)> {
+        entries(c, s)
+            .into_iter()
+            .map(|(_, f)| (f[0].1.clone(), f[1].1.clone(), f[4].1.clone()))
+            .collect()
+    };
+    assert_eq!(
+        got(&mut c, "{t}:u2"),
+        [("{t}:org".into(), "settle".into(), "7".into())]
+    );
+    assert_eq!(
+        got(&mut c, "{t}:u"),
+        [("{t}:user".into(), "settle".into(), "8".into())]
+    );
+    // A retried multi-key settle appends nothing.
+    ok(&mut c, &settle);
+    assert_eq!((xlen(&mut c, "{t}:u"), xlen(&mut c, "{t}:u2")), (1, 1));
+}
+
+#[test]
+fn charging_expiries_log_what_they_charged() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let t = |d: i64| (T + d).to_string();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "tok",
+            "LIMIT",
+            "1000",
+            "ONEXPIRE",
+            "CHARGE",
+            "STREAM",
+            "u",
+            "AT",
+            &t(0),
+        ],
+    );
+    ok(
+        &mut c,
+        &[
+            "QUOTA.RESERVE",
+            "tok",
+            "40",
+            "ID",
+            "a",
+            "TTL",
+            "10",
+            "AT",
+            &t(0),
+        ],
+    );
+    // A later write releases the expired reservation, charging its 40.
+    ok(&mut c, &["QUOTA.CHARGE", "tok", "1", "AT", &t(100)]);
+    let got: Vec<Fields> = entries(&mut c, "u").into_iter().map(|(_, f)| f).collect();
+    assert_eq!(got[0][1].1, "expire");
+    assert_eq!((got[0][3].1.as_str(), got[0][4].1.as_str()), ("40", "40"));
+    let sum: i64 = got.iter().map(|f| f[4].1.parse::<i64>().unwrap()).sum();
+    assert_eq!(sum, info_at(&mut c, "tok", T + 100)["used"]);
+}
