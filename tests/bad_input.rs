@@ -405,3 +405,29 @@ fn error_lines_name_the_argument_and_give_the_usage() {
     assert_eq!(digest(&mut c, "b:1"), before);
     assert_eq!(keys(&mut c), ["b:1"]);
 }
+
+/// With up to 16 keys, an M* command's WRONGTYPE or NOQUOTA names the listed key at fault.
+#[test]
+fn multi_key_errors_name_the_key_at_fault() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let _: () = redis::cmd("SET").arg("s").arg("1").query(&mut c).unwrap();
+    q(&mut c, &["QUOTA.SET", "b", "LIMIT", "10"]).unwrap();
+    q(&mut c, &["QUOTA.WINDOW", "w", "5", "1000"]).unwrap();
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MRESERVE", "2", "b", "s", "1", "1"]),
+        "WRONGTYPE Operation against a key holding the wrong kind of value (key 's')"
+    );
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "nope", "x", "1", "1"]),
+        "NOQUOTA no budget or window at a listed key (create it with QUOTA.SET) (key 'nope')"
+    );
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MRESERVE", "2", "b", "w", "1", "1"]),
+        "NOQUOTA no window configuration at this key (create it with QUOTA.SET key WINDOW \
+         limit window_ms) (key 'w')"
+    );
+    // Nothing was taken on the budget listed first.
+    let info: Vec<Value> = redis::cmd("QUOTA.INFO").arg("b").query(&mut c).unwrap();
+    assert_eq!(info[5], Value::Int(0), "reserved");
+}

@@ -109,11 +109,21 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<Vec<Opened<'
             Err(e) => {
                 let mut key = key;
                 key.unchanged();
-                return Err(abort(&mut opened, e));
+                return Err(abort(&mut opened, naming_key(e, name)));
             }
         }
     }
     Ok(opened)
+}
+
+/// `e` with the listed key it is about appended (`... (key 'quota:{t}:rpm')`): with up to 16
+/// keys a bare `WRONGTYPE` or `NOQUOTA` would not say which one. The code stays first.
+#[cold]
+fn naming_key(e: RedisError, name: &RedisString) -> RedisError {
+    RedisError::String(format!(
+        "{e} (key '{}')",
+        crate::core::error::printable_id(name.as_slice())
+    ))
 }
 
 /// Declares every key unchanged and returns `e`: nothing was written anywhere.
