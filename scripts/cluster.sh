@@ -57,8 +57,8 @@ cleanup() {
   say "cluster: stopped; $dir removed"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
+trap 'exit 0' INT  # Ctrl-C is how it is meant to stop: not an error for make
+trap 'exit 0' TERM HUP
 
 for p in "${ports[@]}"; do
   mkdir -p "$dir/$p"

@@ -142,10 +142,13 @@ borrowed_args_command!(cmd_mreserve, shell::multi_cmds::quota_mreserve);
 borrowed_args_command!(cmd_msettle, shell::multi_cmds::quota_msettle);
 borrowed_args_command!(cmd_mrollback, shell::multi_cmds::quota_mrollback);
 borrowed_args_command!(cmd_mextend, shell::multi_cmds::quota_mextend);
+borrowed_args_command!(cmd_mapply, shell::mapply::quota_mapply);
 
 /// The multi-key commands (`numkeys key [key ...] ...`): created without legacy key positions,
 /// with `getkeys-api` (cluster routing on 7.0) and a keynum key spec ([`shell::key_specs`]).
-const MULTI_COMMANDS: [shell::command::Spec; 4] = {
+/// `QUOTA.MAPPLY` is internal (the effects of one multi-key write, from the master or the AOF)
+/// and flagged as `QUOTA.APPLY`.
+const MULTI_COMMANDS: [shell::command::Spec; 5] = {
     use shell::command::Spec;
     [
         Spec {
@@ -175,6 +178,13 @@ const MULTI_COMMANDS: [shell::command::Spec; 4] = {
             flags: c"write fast getkeys-api",
             keys: (0, 0, 0),
             acl: c"write fast",
+        },
+        Spec {
+            name: c"QUOTA.MAPPLY",
+            func: Some(cmd_mapply),
+            flags: c"write getkeys-api",
+            keys: (0, 0, 0),
+            acl: c"write admin dangerous",
         },
     ]
 };

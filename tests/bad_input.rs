@@ -342,6 +342,23 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             vec!["QUOTA.MRESERVE", "1", "b:1", "5", "TTL"],
             format!("ERR TTL needs a value: TTL ttl_ms. {MRESERVE_USAGE}"),
         ),
+        // The multi-key commands name a repeated argument too.
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "abc"],
+            format!("ERR amount is not an integer or out of range: got 'abc'. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.MSETTLE", "1", "b:1", "p", "abc"],
+            "ERR actual is not an integer or out of range: got 'abc'. Usage: QUOTA.MSETTLE \
+             numkeys key [key ...] id actual|ELAPSED [actual|ELAPSED ...] [AT unix_ms]"
+                .into(),
+        ),
+        (
+            vec!["QUOTA.MEXTEND", "1", "b:1", "p", "abc"],
+            "ERR ttl_ms is not an integer or out of range: got 'abc'. Usage: QUOTA.MEXTEND \
+             numkeys key [key ...] id ttl_ms [AT unix_ms]"
+                .into(),
+        ),
         (
             vec!["QUOTA.SET", "w", "WINDOW"],
             format!(

@@ -32,6 +32,7 @@ const COMMANDS: &[(&str, bool)] = &[
     ("QUOTA.HELP", false),
     ("QUOTA.APPLY", true),
     ("QUOTA.WAPPLY", true),
+    ("QUOTA.MAPPLY", true),
     ("QUOTA.LOAD", true),
 ];
 

@@ -615,7 +615,7 @@ fn set_window_stores_a_configuration_that_never_expires() {
 fn command_getkeys_finds_every_key() {
     let s = server();
     let mut c = s.conn();
-    let cases: [&[&str]; 4] = [
+    let cases: [&[&str]; 5] = [
         &[
             "QUOTA.MRESERVE",
             "3",
@@ -633,6 +633,7 @@ fn command_getkeys_finds_every_key() {
         &["QUOTA.MSETTLE", "2", "a", "b", "x", "1", "2"],
         &["QUOTA.MROLLBACK", "3", "a", "b", "c", "x"],
         &["QUOTA.MEXTEND", "1", "a", "x", "1000"],
+        &["QUOTA.MAPPLY", "2", "a", "b", "B 1:x W 1:y"],
     ];
     for args in cases {
         let mut all = vec!["COMMAND", "GETKEYS"];
@@ -890,6 +891,77 @@ fn replica_and_aof_replays_are_digest_equal_after_a_multi_key_workload() {
             assert_eq!(int(&ok(&mut m, &["PTTL", k])), -1, "{k} must not expire");
         }
     }
+}
+
+/// A multi-key write goes to the AOF (and replicas) as one `QUOTA.MAPPLY` line carrying every
+/// key's effects, not one `QUOTA.APPLY` / `QUOTA.WAPPLY` per key; the AOF replays it to the
+/// same state. A client cannot send it, and a malformed line changes nothing.
+#[test]
+fn a_multi_key_write_is_one_mapply_line_replayed_from_the_aof() {
+    let mut s = Server::start_with_module_args(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+        &["test-clock", "yes"],
+    );
+    let mut c = s.conn();
+    setup(&mut c);
+    mreserve(&mut c, 1, [10, 20, 30, 1, 100, 1], Some("r1"));
+    let settled = oka(
+        &mut c,
+        2,
+        &[
+            "QUOTA.MSETTLE",
+            "6",
+            KEYS[0],
+            KEYS[1],
+            KEYS[2],
+            KEYS[3],
+            KEYS[4],
+            KEYS[5],
+            "r1",
+            "5",
+            "5",
+            "5",
+            "1",
+            "60",
+            "0",
+        ],
+    );
+    assert_eq!(items(&settled).len(), 6);
+    let before = digests(&mut c);
+    let mut aof = Vec::new();
+    for entry in std::fs::read_dir(s.dir.join("appendonlydir")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(".incr.aof") {
+            aof.extend(std::fs::read(path).unwrap());
+        }
+    }
+    let aof = String::from_utf8_lossy(&aof);
+    assert_eq!(aof.matches("QUOTA.MAPPLY").count(), 2, "{aof}");
+    // QUOTA.SET's lines only: none per key from the two multi-key writes.
+    assert_eq!(aof.matches("QUOTA.APPLY").count(), 4, "{aof}");
+    assert_eq!(aof.matches("QUOTA.WAPPLY").count(), 2, "{aof}");
+    assert!(!aof.contains("MULTI"), "{aof}");
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(before, digests(&mut c), "AOF replay");
+    // Internal: refused from a client, whatever it carries.
+    for args in [
+        &["QUOTA.MAPPLY", "1", KEYS[0], "B 3:1 x"][..],
+        &["QUOTA.MAPPLY", "2", KEYS[0], KEYS[1], "B 3:1 x W 3:1 y"],
+        &["QUOTA.MAPPLY", "0", "x", "y"],
+    ] {
+        let (code, msg) = err(&mut c, args);
+        assert_eq!(code, "ERR", "{args:?}");
+        assert!(msg.contains("internal"), "{args:?}: {msg}");
+    }
+    assert_eq!(before, digests(&mut c));
 }
 
 /// The active sweeper forgets a window key's ids once their bucket has left the window, in a

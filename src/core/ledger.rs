@@ -43,7 +43,7 @@ const BAD_TTL: LedgerError =
 
 /// Generated ids exhausted: only a client id of `18446744073709551615-18446744073709551615`
 /// form at or behind the clock does that. Named, not reported as an amount overflow.
-const NO_ID_LEFT: LedgerError = LedgerError::Invalid("no id left to generate: pass ID");
+pub(crate) const NO_ID_LEFT: LedgerError = LedgerError::Invalid("no id left to generate: pass ID");
 
 fn period_error(e: crate::core::period::PeriodError) -> LedgerError {
     LedgerError::Period(e.to_string())

@@ -20,7 +20,9 @@
 use crate::core::book::Id;
 use crate::core::error::LedgerError;
 use crate::core::id::StreamId;
-use crate::core::ledger::{Budget, Effects, Policy, ReserveReply, RollbackStatus, SettleStatus};
+use crate::core::ledger::{
+    Budget, Effects, Policy, ReserveReply, RollbackStatus, SettleStatus, NO_ID_LEFT,
+};
 use crate::core::window::{IdPlan, Window, WindowEffect, NOT_CONFIGURED};
 
 /// One key of a multi-key command, as stored.
@@ -111,18 +113,20 @@ pub fn value(limit: Limit<'_>, wall: i64) -> i64 {
 }
 
 /// A fresh id for a multi-key reservation at `wall`: stream-style `<ms>-<seq>`, at least the
-/// largest of the listed budgets' next ids (so above every stream-style id each has seen), and
-/// known to none of the keys (probing at most 1024 ids).
+/// largest of the successors of the listed budgets' last generated ids (each at the budget's
+/// clock), and known to none of the keys (probing at most 1024 ids from there).
 ///
 /// # Errors
 ///
 /// A budget's id generator is exhausted, or 1024 ids in a row are taken.
 pub fn fresh_id(limits: &[Limit<'_>], wall: i64) -> Result<Id, LedgerError> {
+    // The first candidate after each budget's last generated id, without each budget's own
+    // probe and string round trip: the probe below checks every key anyway.
     let mut best: Option<StreamId> = None;
     for limit in limits {
         if let Limit::Budget(b) = limit {
-            let id = b.next_id(b.now(wall))?;
-            best = best.max(StreamId::parse(&id));
+            let next = b.last_id.next(b.now(wall)).ok_or(NO_ID_LEFT)?;
+            best = best.max(Some(next));
         }
     }
     let mut candidate = best.unwrap_or(StreamId {

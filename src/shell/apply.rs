@@ -87,6 +87,12 @@ fn replicate_applied(
 ) {
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     replicate::replicate_effects(ctx, key_name, at, applied);
+    count_releases(applied);
+}
+
+/// Counts the releases of expired reservations among applied effects (INFO `quota_expired`,
+/// and by policy `quota_expired_charge`, `quota_expired_elapsed`, `quota_expiry_charged`).
+pub(crate) fn count_releases(applied: &[Effect]) {
     stats::add(&stats::EXPIRED, releases(applied));
     for e in applied {
         if let Effect::Release {

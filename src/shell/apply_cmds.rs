@@ -13,7 +13,7 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{Budget, Effect};
-use crate::shell::apply::{apply_all, apply_counted, Counts};
+use crate::shell::apply::{apply_all, apply_counted, Applied, Counts};
 use crate::shell::args::{parse_i64, Args};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
 use crate::shell::key::ModuleKey;
@@ -52,16 +52,37 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if list.is_empty() {
         return Err(RedisError::WrongArity);
     }
+    let result = apply_budget_at_key(ctx, key_name, at, &list)?;
+    if result.applied > 0 {
+        // Feeds this server's own AOF and sub-replicas.
+        ctx.replicate_verbatim();
+    }
+    match result.error {
+        Some(e) => Err(e),
+        None => Ok(RedisValue::SimpleStringStatic("OK")),
+    }
+}
+
+/// Applies one replicated line of budget effects at `at` to the budget at `key_name` (a first
+/// `CONFIG` creates it), with what follows every change (events, counters, the sweeper's
+/// index); replication is the caller's. Errors if the key cannot be opened or holds no budget
+/// and the line does not create one; otherwise returns how far the effects got.
+pub(crate) fn apply_budget_at_key(
+    ctx: &Context,
+    key_name: &RedisString,
+    at: i64,
+    list: &[Effect],
+) -> Result<Applied, RedisError> {
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
     let result = match key.value_mut::<Budget>(&BUDGET_TYPE)? {
-        Some(budget) => apply_counted(ctx, key_name, budget, at, &list).0,
+        Some(budget) => apply_counted(ctx, key_name, budget, at, list).0,
         None => {
             // Only a CONFIG effect creates a budget.
             let Some(Effect::Configure { settings, .. }) = list.first() else {
                 return Err(RedisError::Str("ERR QUOTA.APPLY: no budget at this key"));
             };
             let mut budget = Budget::new(*settings, at);
-            let result = apply_all(&mut budget, at, &list);
+            let result = apply_all(&mut budget, at, list);
             if result.applied > 0 {
                 let counts = Counts::of(&budget);
                 sweep_index::track_budget(
@@ -83,14 +104,8 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     };
     if result.applied == 0 {
         key.unchanged();
-    } else {
-        // Feeds this server's own AOF and sub-replicas.
-        ctx.replicate_verbatim();
     }
-    match result.error {
-        Some(e) => Err(e),
-        None => Ok(RedisValue::SimpleStringStatic("OK")),
-    }
+    Ok(result)
 }
 
 /// `QUOTA.LOAD key type encver payload` (or legacy `QUOTA.LOAD key encver payload`, a budget)

@@ -162,6 +162,24 @@ impl<'a> Args<'a> {
     #[cold]
     #[inline(never)]
     pub fn not_an_integer(&self) -> RedisError {
+        self.not_an_integer_as(None)
+    }
+
+    /// The next argument as a signed 64-bit integer named `name` in the error (for arguments
+    /// whose position alone does not say which they are: `amount [amount ...]`).
+    pub fn next_i64_as(&mut self, name: &str) -> Result<i64, RedisError> {
+        let bytes = self.next_bytes()?;
+        match parse_canonical_i64(bytes) {
+            Some(n) => Ok(n),
+            None => Err(self.not_an_integer_as(Some(name))),
+        }
+    }
+
+    /// The error for the argument just read, not an integer: named `name`, else by its position
+    /// or the option before it.
+    #[cold]
+    #[inline(never)]
+    pub fn not_an_integer_as(&self, name: Option<&str>) -> RedisError {
         // Its index in argv (the cursor has moved past it).
         let at = self.pos.saturating_sub(1);
         let got = self.all.get(at).map_or(&b""[..], |a| a.as_slice());
@@ -176,7 +194,7 @@ impl<'a> Args<'a> {
         // The value of the option just before it (not the key: index 1), else a positional.
         let option = at
             .checked_sub(1)
-            .filter(|&i| i >= 2)
+            .filter(|&i| i >= 2 && name.is_none())
             .and_then(|i| self.all.get(i))
             .and_then(|t| doc.option(t.as_slice()))
             .and_then(|o| o.token);
@@ -186,9 +204,13 @@ impl<'a> Args<'a> {
                 token.to_string_lossy()
             ));
         }
-        match at.checked_sub(1).and_then(|i| doc.positional(i)) {
-            Some(arg) => {
-                let name = arg.placeholder();
+        let named = name.map(str::to_owned).or_else(|| {
+            at.checked_sub(1)
+                .and_then(|i| doc.positional(i))
+                .map(|arg| arg.placeholder())
+        });
+        match named {
+            Some(name) => {
                 let why = if doc.option(got).is_some() {
                     format!(", an option: {name} comes before the options")
                 } else {

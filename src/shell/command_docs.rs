@@ -507,6 +507,19 @@ pub static COMMANDS: &[CommandDoc] = &[
         ],
     },
     CommandDoc {
+        name: c"QUOTA.MAPPLY",
+        summary: c"Internal, not for clients: applies a master's multi-key write (every key's effects) on a replica or while loading the AOF.",
+        since: V0_1,
+        complexity: c"O(K * E * log N), K being the keys, E the effects per key, N the ids a key holds.",
+        arity: -4,
+        keys: &[numkeys_at_1(RW | UPDATE)],
+        args: &[
+            int(c"numkeys"),
+            Arg::new(c"key", Kind::Key(0)).multiple(),
+            string(c"packed").summary(c"per key: its kind (B or W) and its QUOTA.APPLY / QUOTA.WAPPLY line"),
+        ],
+    },
+    CommandDoc {
         name: c"QUOTA.LOAD",
         summary: c"Internal, not for clients: replaces a key's value with a serialized state, as written by AOF rewrite.",
         since: V0_1,
@@ -976,7 +989,7 @@ mod tests {
             let internal = c.summary.to_str().unwrap().starts_with("Internal");
             assert_eq!(
                 internal,
-                ["QUOTA.APPLY", "QUOTA.WAPPLY", "QUOTA.LOAD"].contains(&name),
+                ["QUOTA.APPLY", "QUOTA.WAPPLY", "QUOTA.MAPPLY", "QUOTA.LOAD"].contains(&name),
                 "{name}"
             );
         }

@@ -5,9 +5,9 @@
 //! Every command opens all its keys once, writable, and plans on all of them before changing
 //! anything. An error or a denial on any key changes nothing anywhere: every key is declared
 //! unchanged, so nothing is written, signalled, published or replicated. Otherwise each key's
-//! effects are applied in key order and replicated as that key's `QUOTA.APPLY` (budgets) or
-//! `QUOTA.WAPPLY` (windows), which Redis wraps in one MULTI/EXEC: replicas and the AOF apply
-//! them together, with the master's time and id.
+//! effects are applied in key order and replicated together as one `QUOTA.MAPPLY` (each key's
+//! line as its `QUOTA.APPLY` or `QUOTA.WAPPLY` would carry it, [`crate::shell::mapply`]):
+//! replicas and the AOF apply them together, with the master's time and id.
 //!
 //! A key deleted between reserve and settle is an error (`NOQUOTA`; nothing changes: settle the
 //! other keys with a shorter list); a budget replaced by a new one does not know the id
@@ -18,11 +18,12 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use crate::core::ledger::Budget;
 use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
 use crate::core::window::Window;
-use crate::shell::apply::apply_and_propagate;
+use crate::shell::apply::{apply_counted_logged, count_releases, write_usage};
 use crate::shell::args::{check_id, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
+use crate::shell::mapply::Batch;
 use crate::shell::reply::error_reply;
 use crate::shell::usage;
 use crate::shell::window_cmds::no_window_config;
@@ -162,13 +163,14 @@ fn plan_on<T>(
     planned.map_err(|e| abort(opened, e))
 }
 
-/// Applies every key's planned effects (keys with none are declared unchanged) and returns the
-/// value of each key afterwards. The plans were made on these very values, so an effect that
-/// does not apply is a bug; it is reported as the error, what was applied before it stays (and
-/// is replicated), as for `QUOTA.APPLY`.
-fn apply_all(
+/// Applies every key's planned effects (keys with none are declared unchanged), replicates
+/// what was applied as one `QUOTA.MAPPLY` ([`crate::shell::mapply`]), and returns the value
+/// of each key afterwards. The plans were made on these very values, so an effect that does
+/// not apply is a bug; it is reported as the error, what was applied before it stays (and is
+/// replicated), as for `QUOTA.APPLY`.
+fn apply_all<'a>(
     ctx: &Context,
-    opened: &mut [Opened],
+    opened: &mut [Opened<'a>],
     planned: &[KeyEffects],
     wall: i64,
 ) -> Result<Vec<i64>, RedisError> {
@@ -191,23 +193,51 @@ fn apply_all(
         return Err(abort(opened, e));
     }
     let mut failed = None;
-    for (o, p) in opened.iter_mut().zip(planned) {
+    let mut batch = Batch::with_keys(opened.len());
+    // Usage entries per budget (key index, time, entries), written after the replication.
+    let mut logs = Vec::new();
+    for (i, (o, p)) in opened.iter_mut().zip(planned).enumerate() {
         if failed.is_some() || p.is_empty() {
             o.key.unchanged();
             continue;
         }
-        let applied = match p {
+        let name: &'a RedisString = o.name;
+        let error = match p {
             KeyEffects::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
-                Ok(Some(b)) => apply_and_propagate(ctx, o.name, b, *now, effects).map(|_| ()),
-                Ok(None) => Err(noquota()),
-                Err(e) => Err(e),
+                Ok(Some(b)) => {
+                    let mut log = Vec::new();
+                    let logging = usage::may_log(b, effects).then_some(&mut log);
+                    let result = apply_counted_logged(ctx, name, b, *now, effects, logging).0;
+                    let applied = effects.get(..result.applied).unwrap_or(&[]);
+                    count_releases(applied);
+                    batch.budget(name, *now, applied);
+                    if !log.is_empty() {
+                        logs.push((i, *now, log));
+                    }
+                    result.error
+                }
+                Ok(None) => Some(noquota()),
+                Err(e) => Some(e),
             },
             KeyEffects::Window(effects) => {
-                window_effects::apply_and_propagate(ctx, &mut o.key, o.name, wall, effects)
+                let (applied, error) =
+                    window_effects::apply_at_key(ctx, &mut o.key, name, wall, effects);
+                batch.window(name, wall, effects.get(..applied).unwrap_or(&[]));
+                error
             }
         };
-        if let Err(e) = applied {
-            failed = Some(e);
+        if error.is_some() {
+            failed = error;
+        }
+    }
+    batch.replicate(ctx);
+    // After the effects, as for a single key (both go in the same MULTI/EXEC to replicas and
+    // the AOF).
+    for (i, at, log) in logs {
+        if let Some(o) = opened.get(i) {
+            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
+                write_usage(ctx, o.name, b, at, &log);
+            }
         }
     }
     match failed {
@@ -226,7 +256,11 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let names = parse_keys(&mut a)?;
     let mut amounts = Vec::with_capacity(names.len());
     for _ in &names {
-        amounts.push(a.next_amount("amount")?);
+        let n = a.next_i64_as("amount")?;
+        if n < 0 {
+            return Err(RedisError::Str("ERR amount must not be negative"));
+        }
+        amounts.push(n);
     }
     let (mut id, mut ttl, mut at, mut keep) = (None, None, None, None);
     while !a.is_empty() {
@@ -348,7 +382,9 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
         actuals.push(if t.eq_ignore_ascii_case(b"ELAPSED") {
             multi::Actual::Elapsed
         } else {
-            let n = crate::shell::args::parse_i64(t)?;
+            let Some(n) = crate::shell::args::parse_canonical_i64(t) else {
+                return Err(a.not_an_integer_as(Some("actual")));
+            };
             if n < 0 {
                 return Err(RedisError::Str("ERR actual must not be negative"));
             }
@@ -394,7 +430,7 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let names = parse_keys(&mut a)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let ttl = a.next_i64()?;
+    let ttl = a.next_i64_as("ttl_ms")?;
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
     }

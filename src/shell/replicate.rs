@@ -75,7 +75,7 @@ std::thread_local! {
 
 /// Runs `f` with an empty packed buffer: the reused one, or a fresh one if that is in use
 /// (never in practice) or gone (thread exit).
-fn with_buffer(f: impl FnOnce(&mut Packed)) {
+pub(crate) fn with_buffer(f: impl FnOnce(&mut Packed)) {
     let mut f = Some(f);
     let _ = BUFFER.try_with(|b| {
         if let Ok(mut packed) = b.try_borrow_mut() {
@@ -104,6 +104,41 @@ fn replicate_packed(ctx: &Context, command: &CStr, key: &RedisString, packed: &P
                 command.as_ptr(),
                 c"sb".as_ptr(),
                 key.inner,
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+            ),
+            None => raw::REDISMODULE_ERR as i32,
+        }
+    };
+    if status != raw::REDISMODULE_OK as i32 {
+        ctx.log_warning("quota: replication of an effect was refused by Redis");
+    }
+}
+
+/// `RedisModule_Replicate(ctx, command, "lvb", numkeys, keys, packed)`: `command numkeys key
+/// [key ...] <packed>` in one call (one command lookup, one entry in the stream), checking the
+/// status.
+pub fn replicate_keys_packed(
+    ctx: &Context,
+    command: &CStr,
+    keys: &[&RedisString],
+    packed: &Packed,
+) {
+    let mut argv: Vec<*mut raw::RedisModuleString> = keys.iter().map(|k| k.inner).collect();
+    let bytes = packed.as_bytes();
+    let n = argv.len();
+    // SAFETY: a live context, key strings and buffer for the duration of the call; "l" takes a
+    // long long, "v" (RedisModuleString**, size_t) (Redis takes a reference to each), "b"
+    // (const char*, size_t) (Redis copies the buffer).
+    let status = unsafe {
+        match raw::RedisModule_Replicate {
+            Some(f) => f(
+                ctx.ctx,
+                command.as_ptr(),
+                c"lvb".as_ptr(),
+                std::os::raw::c_longlong::try_from(n).unwrap_or(0),
+                argv.as_mut_ptr(),
+                n,
                 bytes.as_ptr().cast::<c_char>(),
                 bytes.len(),
             ),
