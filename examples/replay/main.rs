@@ -42,12 +42,17 @@
 //!   lost reply: the second admission must return the same id and take nothing more, the second
 //!   settle must answer `duplicate` and charge nothing more.
 //!
+//! * **Usage export.** The token budgets log every charge to their usage stream
+//!   `replay:{tenant}:usage` (`QUOTA.SET ... STREAM`); `quota-export run` moves them into a
+//!   SQLite file during the replay, then `run --once` catches up (see `export.rs`).
+//!
 //! # Checks (exit status 1 if any fails)
 //!
 //! Per tenant and overall: the budget's `used` from `QUOTA.INFO` equals the client's sum of
 //! settled tokens, `reserved` and `pending` are 0 on the budget and on the concurrency key (whose
 //! `used` stays 0), `used ≤ limit`; the `*-0` and `*-1` tenants had no denial; every settle
-//! answered `settled` with the real tokens and every retry behaved as above.
+//! answered `settled` with the real tokens and every retry behaved as above. With the export:
+//! `quota-export reconcile` passes and the database's sum per budget equals the clients'.
 //!
 //! # Settings (environment)
 //!
@@ -57,7 +62,9 @@
 //! overwrites the keys `replay:{<tenant>}:*`). Without
 //! `REDIS_URL` it starts its own `redis-server --port <free port> --loadmodule $QUOTA_MODULE
 //! --save '' --dir <temp dir>` (`QUOTA_MODULE` defaults to `target/release/libredis_quota.so`)
-//! and stops it at the end.
+//! and stops it at the end. `QUOTA_EXPORT` (the `quota-export` binary; default
+//! `target/release/quota-export` if built, else the export is skipped and the output says so)
+//! and `EXPORT_DB` (default `target/demo-usage.sqlite`).
 
 // A demo client, not module code: the no-panic lints guard the module only.
 #![allow(
