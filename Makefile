@@ -48,7 +48,8 @@ test: build
 	@set -e; first=1; for server in $(TEST_SERVERS); do \
 	  echo "== make test: $$server ($$($$server --version | cut -d' ' -f1-3))"; \
 	  if [ $$first = 1 ]; then \
-	    QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) REDIS_SERVER=$$server $(CARGO) test -- --test-threads=2; \
+	    QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) QUOTA_EXPORT=$(CURDIR)/target/debug/quota-export \
+	      REDIS_SERVER=$$server $(CARGO) test -- --test-threads=2; \
 	  else \
 	    QUOTA_MODULE=$(CURDIR)/$(MODULE_DEBUG) REDIS_SERVER=$$server \
 	      $(CARGO) test $(addprefix --test ,$(SERVER_TESTS)) -- --test-threads=2; \
@@ -66,10 +67,14 @@ cluster: release
 ## demo: replay the Azure LLM inference trace through the module in the trace's own time, sped
 ## up SPEED times (default 60: about a minute); writes the SVG report to REPORT (see
 ## examples/README.md; REPORT=docs/img/demo-report.svg refreshes the README's picture).
+## quota-export moves the token budgets' usage streams into target/demo-usage.sqlite during
+## the replay, and `quota-export reconcile` must pass at the end (docs/usage-export.md).
 SPEED  ?= 60
 REPORT ?= $(CURDIR)/target/demo-report.svg
 demo: release
-	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) SPEED=$(SPEED) REPORT=$(REPORT) \
+	$(CARGO) build --release -p quota-export
+	QUOTA_MODULE=$(CURDIR)/$(MODULE_RELEASE) QUOTA_EXPORT=$(CURDIR)/target/release/quota-export \
+	  SPEED=$(SPEED) REPORT=$(REPORT) \
 	  $(CARGO) run --release --example replay
 
 ## bench: the module against the Lua scripts it replaces (speed, memory, sweeper); writes

@@ -42,12 +42,17 @@
 //!   lost reply: the second admission must return the same id and take nothing more, the second
 //!   settle must answer `duplicate` and charge nothing more.
 //!
+//! * **Usage export.** The token budgets log every charge to their usage stream
+//!   `replay:{tenant}:usage` (`QUOTA.SET ... STREAM`); `quota-export run` moves them into a
+//!   SQLite file during the replay, then `run --once` catches up (see `export.rs`).
+//!
 //! # Checks (exit status 1 if any fails)
 //!
 //! Per tenant and overall: the budget's `used` from `QUOTA.INFO` equals the client's sum of
 //! settled tokens, `reserved` and `pending` are 0 on the budget and on the concurrency key (whose
 //! `used` stays 0), `used ≤ limit`; the `*-0` and `*-1` tenants had no denial; every settle
-//! answered `settled` with the real tokens and every retry behaved as above.
+//! answered `settled` with the real tokens and every retry behaved as above. With the export:
+//! `quota-export reconcile` passes and the database's sum per budget equals the clients'.
 //!
 //! # Settings (environment)
 //!
@@ -57,7 +62,9 @@
 //! overwrites the keys `replay:{<tenant>}:*`). Without
 //! `REDIS_URL` it starts its own `redis-server --port <free port> --loadmodule $QUOTA_MODULE
 //! --save '' --dir <temp dir>` (`QUOTA_MODULE` defaults to `target/release/libredis_quota.so`)
-//! and stops it at the end.
+//! and stops it at the end. `QUOTA_EXPORT` (the `quota-export` binary; default
+//! `target/release/quota-export` if built, else the export is skipped and the output says so)
+//! and `EXPORT_DB` (default `target/demo-usage.sqlite`).
 
 // A demo client, not module code: the no-panic lints guard the module only.
 #![allow(
@@ -68,6 +75,7 @@
     clippy::panic
 )]
 
+pub mod export;
 pub mod quota;
 mod report;
 mod server;
@@ -110,6 +118,8 @@ pub struct Config {
     pub report: PathBuf,
     /// A running server to use; `None`: start one.
     pub redis_url: Option<String>,
+    /// The usage export (`quota-export` into SQLite), or why it is skipped.
+    pub export: std::result::Result<export::Export, String>,
 }
 
 impl Config {
@@ -134,6 +144,7 @@ impl Config {
             minutes: number("TRACE_MINUTES", None)?,
             report,
             redis_url: std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()),
+            export: export::Export::from_env()?,
         })
     }
 
@@ -253,6 +264,9 @@ pub struct Finished {
     pub mode: Mode,
     /// Denials over all tenants, by limit (in [`Limit::ALL`] order).
     pub denied: [u64; 4],
+    /// The usage was exported and `quota-export reconcile` ran (its verdict is in
+    /// `reconciled`); false when the export was skipped.
+    pub exported: bool,
 }
 
 /// Loads, provisions, replays, reconciles, reports. `reconciled` is false when a check failed.
@@ -339,9 +353,29 @@ async fn replay(
     print_limits(&tenants);
     println!();
 
+    let usage = config.export.is_ok();
     for t in &tenants {
-        quota::provision(&mut con, mode, &t.quota).await?;
+        quota::provision(&mut con, mode, &t.quota, usage).await?;
     }
+    let streams: Vec<String> = tenants.iter().map(|t| t.quota.keys.usage.clone()).collect();
+    let exporter = match &config.export {
+        Ok(export) => {
+            println!(
+                "export: usage streams replay:{{<tenant>}}:usage of the {} token budgets, \
+                 exported during the replay by `{} run` into {} (log: {})",
+                tenants.len(),
+                export.bin.display(),
+                export.db.display(),
+                export.log().display(),
+            );
+            Some((export.clone(), export.start(url, &streams)?))
+        }
+        Err(why) => {
+            println!("export: skipped, usage streams off: {why}");
+            None
+        }
+    };
+    println!();
 
     let count = requests.len();
     let replay = Arc::new(Replay {
@@ -387,8 +421,19 @@ async fn replay(
     let stats = tenant_stats(&replay, &outcomes);
     print_outcome(&replay.tenants, &stats);
     println!();
-    let ok = reconcile(&mut con, &replay.tenants, &stats).await?;
+    let mut ok = reconcile(&mut con, &replay.tenants, &stats).await?;
     println!();
+    let exported = exporter.is_some();
+    if let Some((export, running)) = exporter {
+        println!(
+            "export: caught up with `quota-export run --once`, then `quota-export reconcile` \
+             (the database's charges against the budgets' used):"
+        );
+        let (passed, charged) = export.finish(running, url, &streams)?;
+        ok &= passed;
+        ok &= reconcile_db(&replay.tenants, &stats, &charged);
+        println!();
+    }
     let own: Vec<&str> = replay
         .tenants
         .iter()
@@ -427,6 +472,7 @@ async fn replay(
         reconciled: ok,
         mode: replay.mode,
         denied,
+        exported,
     })
 }
 
@@ -1010,6 +1056,36 @@ async fn reconcile(
         if overall_ok { "OK" } else { "MISMATCH" },
     );
     Ok(overall_ok)
+}
+
+/// Compares the database's charges per token budget (from `quota-export reconcile`) with what
+/// the clients settled, from the trace; prints one line overall, or one per mismatch.
+fn reconcile_db(tenants: &[Tenant], stats: &[TenantStats], charged: &HashMap<String, u64>) -> bool {
+    let mut ok = true;
+    let (mut db_sum, mut client_sum) = (0u64, 0u64);
+    for (t, s) in tenants.iter().zip(stats) {
+        let db = charged.get(&t.quota.keys.budget).copied();
+        if db != Some(s.settled_tokens) {
+            ok = false;
+            println!(
+                "reconcile {:<7} in the database {} != settled by clients {}  MISMATCH",
+                t.name,
+                db.map_or("no rows".into(), thousands),
+                thousands(s.settled_tokens),
+            );
+        }
+        db_sum += db.unwrap_or(0);
+        client_sum += s.settled_tokens;
+    }
+    println!(
+        "reconcile database: {} tokens charged in the database {} {} settled by clients ({} tenants)  {}",
+        thousands(db_sum),
+        if db_sum == client_sum { "==" } else { "!=" },
+        thousands(client_sum),
+        tenants.len(),
+        if ok { "OK" } else { "MISMATCH" },
+    );
+    ok
 }
 
 /// The report's series: per tenant, sampled every `STEP_US` of trace time.

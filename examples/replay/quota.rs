@@ -76,6 +76,8 @@ pub struct Keys {
     pub rpm: String,
     pub tpm: String,
     pub budget: String,
+    /// The budget's usage stream (`QUOTA.SET ... STREAM`), same hash tag: same slot.
+    pub usage: String,
 }
 
 impl Keys {
@@ -86,6 +88,7 @@ impl Keys {
             rpm: key("rpm"),
             tpm: key("tpm"),
             budget: key("budget"),
+            usage: key("usage"),
         }
     }
 
@@ -147,16 +150,28 @@ pub async fn detect(con: &mut MultiplexedConnection) -> Result<Mode> {
 }
 
 /// Fresh keys for a tenant: DEL, then QUOTA.SET the budgets (and, in multi-key mode, the
-/// windows' limit and window) — each must be created.
-pub async fn provision(con: &mut MultiplexedConnection, mode: Mode, q: &Quota) -> Result<()> {
+/// windows' limit and window) — each must be created. With `usage`, the token budget logs
+/// every charge to its usage stream `keys.usage` (deleted first, with its consumer groups).
+pub async fn provision(
+    con: &mut MultiplexedConnection,
+    mode: Mode,
+    q: &Quota,
+    usage: bool,
+) -> Result<()> {
     let _: i64 = redis::cmd("DEL")
         .arg(&q.keys.all()[..])
+        .arg(&q.keys.usage)
         .query_async(con)
         .await
-        .map_err(|e| format!("DEL {:?}: {e}", q.keys.all()))?;
+        .map_err(|e| format!("DEL {:?} {}: {e}", q.keys.all(), q.keys.usage))?;
+    let mut budget = budget_set(&q.keys.budget, q.limits.budget, q.ttl_ms);
+    if usage {
+        budget.0.arg("STREAM").arg(&q.keys.usage);
+        budget.1.push_str(&format!(" STREAM {}", q.keys.usage));
+    }
     let mut sets = vec![
         budget_set(&q.keys.concurrency, q.limits.concurrency, q.ttl_ms),
-        budget_set(&q.keys.budget, q.limits.budget, q.ttl_ms),
+        budget,
     ];
     if mode == Mode::Multi {
         sets.push(window_set(&q.keys.rpm, q.limits.rpm, q.window_ms));
