@@ -370,6 +370,58 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "PRECISION"],
             format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_USAGE}"),
         ),
+        // WINDOW with a budget option, after or before it: a key is one or the other.
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "LIMIT", "5"],
+            format!(
+                "ERR syntax error near 'LIMIT': WINDOW cannot be combined with budget options \
+                 such as LIMIT (a key is a window or a budget). {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "NX", "ttl", "5"],
+            format!(
+                "ERR syntax error near 'ttl': WINDOW cannot be combined with budget options \
+                 such as TTL (a key is a window or a budget). {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "LIMIT", "5", "WINDOW", "10", "1000"],
+            format!(
+                "ERR syntax error near 'WINDOW': WINDOW cannot be combined with budget options \
+                 such as LIMIT (a key is a window or a budget). {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "NX", "window", "10", "1000"],
+            format!("ERR syntax error near 'window': WINDOW must come right after the key. {SET_USAGE}"),
+        ),
+        // One amount (actual) too many: a number where an option was expected.
+        (
+            vec!["QUOTA.MRESERVE", "2", "b:1", "b:2", "1", "2", "3"],
+            format!(
+                "ERR syntax error near '3': expected 2 amounts, one per key (numkeys is 2), got \
+                 more. {MRESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "ID", "x", "6"],
+            format!(
+                "ERR syntax error near '6': expected 1 amount, one per key (numkeys is 1), got \
+                 more. {MRESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "BOGUS"],
+            format!("ERR syntax error near 'BOGUS': QUOTA.MRESERVE takes no such option. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.MSETTLE", "1", "b:1", "p", "5", "ELAPSED"],
+            "ERR syntax error near 'ELAPSED': expected 1 actual, one per key (numkeys is 1), \
+             got more. Usage: QUOTA.MSETTLE numkeys key [key ...] id actual|ELAPSED \
+             [actual|ELAPSED ...] [AT unix_ms]"
+                .into(),
+        ),
         (
             vec!["QUOTA.WINDOW", "w", "COST", "x"],
             format!("ERR value of COST is not an integer or out of range: got 'x'. {WINDOW_USAGE}"),
@@ -427,7 +479,58 @@ fn multi_key_errors_name_the_key_at_fault() {
         "NOQUOTA no window configuration at this key (create it with QUOTA.SET key WINDOW \
          limit window_ms) (key 'w')"
     );
-    // Nothing was taken on the budget listed first.
+    // The id's errors name the key too: the first listed key at fault.
+    q(&mut c, &["QUOTA.SET", "b2", "LIMIT", "10"]).unwrap();
+    q(&mut c, &["QUOTA.RESERVE", "b2", "1", "ID", "r"]).unwrap();
+    q(&mut c, &["QUOTA.SETTLE", "b2", "r", "1"]).unwrap();
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "b2", "zz", "1", "1"]),
+        "NORESERVATION no reservation with id 'zz' (key 'b')"
+    );
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "b2", "r", "1", "1"]),
+        "NORESERVATION no reservation with id 'r' (key 'b')"
+    );
+    for cmd in [
+        vec!["QUOTA.MROLLBACK", "1", "b2", "r"],
+        vec!["QUOTA.MEXTEND", "1", "b2", "r", "1000"],
+    ] {
+        let line = error_line(&mut c, &cmd);
+        assert!(
+            line.starts_with("CONFLICT id 'r' is settled: ") && line.ends_with(" (key 'b2')"),
+            "{cmd:?}: {line}"
+        );
+    }
+    // A retry that lists a key the reservation did not: that key is named.
+    q(&mut c, &["QUOTA.MRESERVE", "1", "b", "1", "ID", "m"]).unwrap();
+    let b_before = digest(&mut c, "b");
+    assert_eq!(
+        error_line(
+            &mut c,
+            &["QUOTA.MRESERVE", "2", "b", "w2", "1", "1", "ID", "m"]
+        ),
+        "NOQUOTA no budget or window at a listed key (create it with QUOTA.SET) (key 'w2')"
+    );
+    q(&mut c, &["QUOTA.SET", "w2", "WINDOW", "5", "1000"]).unwrap();
+    let w2_before = digest(&mut c, "w2");
+    assert_eq!(
+        error_line(
+            &mut c,
+            &["QUOTA.MRESERVE", "2", "b", "w2", "1", "1", "ID", "m"]
+        ),
+        "CONFLICT id 'm' is pending on other listed keys: a retry must name the same keys and \
+         amounts (key 'w2')"
+    );
+    assert_eq!(
+        error_line(
+            &mut c,
+            &["QUOTA.MRESERVE", "2", "w2", "b", "1", "2", "ID", "m"]
+        ),
+        "CONFLICT id 'm' is pending: pending with a different amount (key 'b')"
+    );
+    assert_eq!(digest(&mut c, "b"), b_before);
+    assert_eq!(digest(&mut c, "w2"), w2_before);
+    // Nothing was taken on the budget listed first (but the reservation "m").
     let info: Vec<Value> = redis::cmd("QUOTA.INFO").arg("b").query(&mut c).unwrap();
-    assert_eq!(info[5], Value::Int(0), "reserved");
+    assert_eq!(info[5], Value::Int(1), "reserved");
 }
