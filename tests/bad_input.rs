@@ -534,3 +534,48 @@ fn multi_key_errors_name_the_key_at_fault() {
     let info: Vec<Value> = redis::cmd("QUOTA.INFO").arg("b").query(&mut c).unwrap();
     assert_eq!(info[5], Value::Int(1), "reserved");
 }
+
+/// QUOTA.WINDOW near i64::MAX (commands.md, QUOTA.WINDOW errors): a cost that does not fit
+/// the limit is a denial, even where counted + cost would leave i64; `ERR overflow` only when
+/// what the key holds — costs kept from before `window_ms` was shortened, until they leave the
+/// longer horizon — plus an admitted cost would, and it changes nothing.
+#[test]
+fn window_costs_near_i64_max_are_denied_and_overflow_only_beyond_the_window() {
+    let s = Server::start_with_module_args(&[], &["test-clock", "yes"]);
+    let mut c = s.conn();
+    let max = i64::MAX.to_string();
+    let t0: i64 = 4_000_000_000_000;
+    let at = |dt: i64| (t0 + dt).to_string();
+    let window = |c: &mut redis::Connection, window_ms: &str, cost: &str, dt: i64| {
+        q(
+            c,
+            &[
+                "QUOTA.WINDOW",
+                "w",
+                &max,
+                window_ms,
+                "COST",
+                cost,
+                "AT",
+                &at(dt),
+            ],
+        )
+    };
+    let r = items(&window(&mut c, "10000", &max, 0).unwrap());
+    assert_eq!((int(&r[0]), int(&r[1])), (1, 0));
+    // Counted (i64::MAX) + 1 would leave i64: denied, not an error.
+    let r = items(&window(&mut c, "10000", "1", 0).unwrap());
+    assert_eq!(int(&r[0]), 0, "{r:?}");
+    // A shorter window admits the cost (the first one left it), but the key still holds the
+    // first cost for the longer horizon: the sum would leave i64.
+    let before = digest(&mut c, "w");
+    let e = window(&mut c, "1000", &max, 3000).unwrap_err();
+    assert_eq!(
+        format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or("")),
+        "ERR overflow"
+    );
+    assert_eq!(digest(&mut c, "w"), before);
+    // Once the first cost has left the horizon, the same call is admitted.
+    let r = items(&window(&mut c, "1000", &max, 10_500).unwrap());
+    assert_eq!(int(&r[0]), 1, "{r:?}");
+}
