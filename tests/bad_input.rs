@@ -530,9 +530,23 @@ fn multi_key_errors_name_the_key_at_fault() {
     );
     assert_eq!(digest(&mut c, "b"), b_before);
     assert_eq!(digest(&mut c, "w2"), w2_before);
-    // Nothing was taken on the budget listed first (but the reservation "m").
+    // A budget whose usage stream key holds another type: the budget is named.
+    q(&mut c, &["QUOTA.SET", "b3", "LIMIT", "10", "STREAM", "st"]).unwrap();
+    q(
+        &mut c,
+        &["QUOTA.MRESERVE", "2", "b", "b3", "1", "1", "ID", "u"],
+    )
+    .unwrap();
+    let _: () = redis::cmd("SET").arg("st").arg("x").query(&mut c).unwrap();
+    let b3_before = digest(&mut c, "b3");
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "b3", "u", "1", "1"]),
+        "WRONGTYPE the usage stream key holds a value that is not a stream (key 'b3')"
+    );
+    assert_eq!(digest(&mut c, "b3"), b3_before);
+    // Nothing was taken on the budget listed first (but the reservations "m" and "u").
     let info: Vec<Value> = redis::cmd("QUOTA.INFO").arg("b").query(&mut c).unwrap();
-    assert_eq!(info[5], Value::Int(1), "reserved");
+    assert_eq!(info[5], Value::Int(2), "reserved");
 }
 
 /// QUOTA.WINDOW near i64::MAX (commands.md, QUOTA.WINDOW errors): a cost that does not fit

@@ -252,7 +252,7 @@ fn apply_all<'a>(
             if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
                 if usage::may_log(b, effects) {
                     if let Err(e) = usage::check_stream(ctx, b, effects) {
-                        refused = Some(e);
+                        refused = Some(naming_key(e, o.name));
                         break;
                     }
                 }
