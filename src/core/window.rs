@@ -1346,12 +1346,13 @@ impl Window {
     /// Attaches a decoded configuration and ids (encoding 2) to a decoded window; the caller
     /// validates the result.
     pub fn with_extras(mut self, config: Option<WindowConfig>, ids: Remembered) -> Self {
-        self.extras =
-            (config.is_some() || !ids.is_empty()).then(|| Box::new(Extras {
+        self.extras = (config.is_some() || !ids.is_empty()).then(|| {
+            Box::new(Extras {
                 config,
                 ids,
                 index_tag: IndexTag::default(),
-            }));
+            })
+        });
         self
     }
 

@@ -18,13 +18,14 @@ use smallvec::SmallVec;
 use std::ffi::CStr;
 
 use crate::core::ledger::Budget;
-use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
+use crate::core::multi::{self, KeyEffects, KeyError, KeyOutcome, KeyStatus, Limit, MReserve};
 use crate::core::window::Window;
 use crate::shell::apply::{apply_counted_logged, count_releases, write_usage};
 use crate::shell::args::{check_id, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
+use crate::shell::key_specs::After;
 use crate::shell::mapply::Batch;
 use crate::shell::reply::error_reply;
 use crate::shell::usage;
@@ -34,6 +35,25 @@ use crate::shell::{clock, config, key_specs, stats, window_effects};
 
 /// Most keys one multi-key command names (`numkeys`).
 pub const MAX_KEYS: usize = 16;
+
+/// What each command needs after its keys (for [`key_specs::answer_key_positions`]): as its
+/// parser reads them.
+const MRESERVE: After = After {
+    per_key: 1,
+    fixed: 0,
+};
+const MSETTLE: After = After {
+    per_key: 1,
+    fixed: 1,
+};
+const MROLLBACK: After = After {
+    per_key: 0,
+    fixed: 1,
+};
+const MEXTEND: After = After {
+    per_key: 0,
+    fixed: 2,
+};
 
 /// What a key holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -59,13 +79,21 @@ type OpenedKeys<'a> = SmallVec<[Opened<'a>; 8]>;
 /// Each key's value after a command, in key order.
 type Values = SmallVec<[i64; 8]>;
 
-/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice.
-fn parse_keys<'a>(a: &mut Args<'a>) -> Result<Keys<'a>, RedisError> {
+/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice, and at least
+/// the arguments `after` them left (else the arity error, before any key is read: with
+/// `numkeys` above the keys given, amounts would be read as keys).
+fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Keys<'a>, RedisError> {
     let n = a.next_i64()?;
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_KEYS).contains(n))
         .ok_or(RedisError::Str("ERR numkeys must be between 1 and 16"))?;
+    let needed = n
+        .saturating_mul(after.per_key.saturating_add(1))
+        .saturating_add(after.fixed);
+    if a.remaining() < needed {
+        return Err(a.wrong_arity());
+    }
     let mut keys: Keys<'a> = SmallVec::with_capacity(n);
     // Each name's bytes read once (a call into Redis each), for the duplicate check.
     let mut seen: SmallVec<[&[u8]; MAX_KEYS]> = SmallVec::with_capacity(n);
@@ -84,18 +112,40 @@ fn parse_keys<'a>(a: &mut Args<'a>) -> Result<Keys<'a>, RedisError> {
     Ok(keys)
 }
 
-/// Parses an optional trailing `AT ms` (test clock).
-fn parse_at_only(a: &mut Args) -> Result<Option<i64>, RedisError> {
+/// Parses an optional trailing `AT ms` (test clock). `values`: what the command takes one of
+/// per key before it (`"actual"`), if anything.
+fn parse_at_only(a: &mut Args, values: Option<(usize, &str)>) -> Result<Option<i64>, RedisError> {
     let mut at = None;
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(a.unexpected(t));
+            return Err(match values {
+                Some((n, what)) => not_an_option(a, t, n, what),
+                None => a.unexpected(t),
+            });
         }
     }
     Ok(at)
+}
+
+/// The error for `t`, read where an option was expected after the `n` per-key values named
+/// `what` (`amount`, `actual`): a number there (or `ELAPSED` after actuals) is one too many,
+/// else an unknown option.
+#[cold]
+fn not_an_option(a: &Args, t: &[u8], n: usize, what: &str) -> RedisError {
+    let value = crate::shell::args::parse_canonical_i64(t).is_some()
+        || (what == "actual" && t.eq_ignore_ascii_case(b"ELAPSED"));
+    if value {
+        let s = if n == 1 { "" } else { "s" };
+        a.syntax_error(
+            t,
+            &format!("expected {n} {what}{s}, one per key (numkeys is {n}), got more"),
+        )
+    } else {
+        a.unexpected(t)
+    }
 }
 
 /// Opens every key writable and tells its kind. Errors (and declares every key unchanged) on
@@ -137,13 +187,23 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<OpenedKeys<'
 }
 
 /// `e` with the listed key it is about appended (`... (key 'quota:{t}:rpm')`): with up to 16
-/// keys a bare `WRONGTYPE` or `NOQUOTA` would not say which one. The code stays first.
+/// keys a bare `WRONGTYPE`, `NOQUOTA`, `CONFLICT` or `NORESERVATION` would not say which one.
+/// The code stays first.
 #[cold]
 fn naming_key(e: RedisError, name: &RedisString) -> RedisError {
     RedisError::String(format!(
         "{e} (key '{}')",
         crate::core::error::printable_id(name.as_slice())
     ))
+}
+
+/// A core error as the reply, naming the listed key it is about (as [`naming_key`]).
+#[cold]
+fn key_error(names: &[&RedisString], e: KeyError) -> RedisError {
+    match e.index.and_then(|i| names.get(i)) {
+        Some(name) => naming_key(error_reply(&e.error), name),
+        None => error_reply(&e.error),
+    }
 }
 
 /// Declares every key unchanged and returns `e`: nothing was written anywhere.
@@ -198,13 +258,14 @@ fn plan_on<T>(
 /// unlogged, nor one key change without the others).
 fn check_streams<'e>(
     ctx: &Context,
+    names: &[&RedisString],
     limits: &[Limit],
     planned: impl Iterator<Item = &'e KeyEffects>,
 ) -> Result<(), RedisError> {
-    for (l, p) in limits.iter().zip(planned) {
+    for ((l, p), name) in limits.iter().zip(planned).zip(names) {
         if let (Limit::Budget(b), KeyEffects::Budget { effects, .. }) = (l, p) {
             if usage::may_log(b, effects) {
-                usage::check_stream(ctx, b, effects)?;
+                usage::check_stream(ctx, b, effects).map_err(|e| naming_key(e, name))?;
             }
         }
     }
@@ -242,8 +303,7 @@ fn apply_all<'a>(
                 Ok(Some(b)) => {
                     let mut log = Vec::new();
                     let logging = usage::may_log(b, effects).then_some(&mut log);
-                    let (result, view) =
-                        apply_counted_logged(ctx, name, b, *now, effects, logging);
+                    let (result, view) = apply_counted_logged(ctx, name, b, *now, effects, logging);
                     let applied = effects.get(..result.applied).unwrap_or(&[]);
                     count_releases(applied);
                     batch.budget(name, *now, applied);
@@ -291,8 +351,18 @@ fn apply_all<'a>(
 /// One key's value now (a budget's available, a window's remaining; -1 if it is gone).
 fn value_of(o: &Opened, wall: i64) -> i64 {
     let limit = match o.kind {
-        Kind::Budget => o.key.value::<Budget>(&BUDGET_TYPE).ok().flatten().map(Limit::Budget),
-        Kind::Window => o.key.value::<Window>(&WINDOW_TYPE).ok().flatten().map(Limit::Window),
+        Kind::Budget => o
+            .key
+            .value::<Budget>(&BUDGET_TYPE)
+            .ok()
+            .flatten()
+            .map(Limit::Budget),
+        Kind::Window => o
+            .key
+            .value::<Window>(&WINDOW_TYPE)
+            .ok()
+            .flatten()
+            .map(Limit::Window),
     };
     limit.map_or(-1, |l| multi::value(l, wall))
 }
@@ -300,11 +370,11 @@ fn value_of(o: &Opened, wall: i64) -> i64 {
 /// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [KEEP n] [AT ms]`
 /// → `[granted, id|nil, denied_index, retry_after_ms, [value per key]]`.
 pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MRESERVE) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 3)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MRESERVE)?;
     let mut amounts: SmallVec<[i64; MAX_KEYS]> = SmallVec::with_capacity(names.len());
     for _ in &names {
         let n = a.next_i64_as("amount")?;
@@ -328,7 +398,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(a.unexpected(t));
+            return Err(not_an_option(&a, t, names.len(), "amount"));
         }
     }
     let wall = clock::command_ms(at)?;
@@ -342,9 +412,9 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             }
         }
         let outcome = multi::plan_mreserve_keep(limits, &amounts, id, ttl, keep, wall, &policy)
-            .map_err(error_reply)?;
+            .map_err(|e| key_error(&names, e))?;
         if let MReserve::Granted { effects, .. } = &outcome {
-            check_streams(ctx, limits, effects.iter())?;
+            check_streams(ctx, &names, limits, effects.iter())?;
         }
         Ok(outcome)
     })?;
@@ -352,7 +422,13 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         MReserve::Retried { id } => {
             unchanged_all(&mut opened);
             stats::bump(&stats::MRESERVE_GRANTED);
-            Ok(reserve_reply(ctx, Some(&id), -1, 0, &values_now(&opened, wall)?))
+            Ok(reserve_reply(
+                ctx,
+                Some(&id),
+                -1,
+                0,
+                &values_now(&opened, wall)?,
+            ))
         }
         MReserve::Denied {
             index,
@@ -449,11 +525,11 @@ fn status_word(s: KeyStatus) -> &'static CStr {
 /// `QUOTA.MSETTLE numkeys key [key ...] id actual|ELAPSED [actual|ELAPSED ...] [AT ms]`
 /// → one `[status, charged, value]` per key (ELAPSED: budget keys with a UNIT only).
 pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MSETTLE) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 4)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MSETTLE)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
     let mut actuals = Vec::with_capacity(names.len());
@@ -471,14 +547,14 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
             multi::Actual::Units(n)
         });
     }
-    let at = parse_at_only(&mut a)?;
+    let at = parse_at_only(&mut a, Some((names.len(), "actual")))?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
         let outcomes = multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy)
-            .map_err(error_reply)?;
-        check_streams(ctx, limits, outcomes.iter().map(|(_, _, e)| e))?;
+            .map_err(|e| key_error(&names, e))?;
+        check_streams(ctx, &names, limits, outcomes.iter().map(|(_, _, e)| e))?;
         Ok(outcomes)
     })?;
     apply_outcomes(ctx, &mut opened, &outcomes, wall)
@@ -486,20 +562,21 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
 
 /// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
 pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MROLLBACK) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 3)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MROLLBACK)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let at = parse_at_only(&mut a)?;
+    let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
-        let outcomes = multi::plan_mrollback(limits, id, wall, &policy).map_err(error_reply)?;
-        check_streams(ctx, limits, outcomes.iter().map(|(_, _, e)| e))?;
+        let outcomes =
+            multi::plan_mrollback(limits, id, wall, &policy).map_err(|e| key_error(&names, e))?;
+        check_streams(ctx, &names, limits, outcomes.iter().map(|(_, _, e)| e))?;
         Ok(outcomes)
     })?;
     apply_outcomes(ctx, &mut opened, &outcomes, wall)
@@ -508,24 +585,25 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
 /// `ttl_ms` (as QUOTA.EXTEND's), nil for a window key (nothing to extend).
 pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MEXTEND) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 4)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MEXTEND)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
     let ttl = a.next_i64_as("ttl_ms")?;
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
     }
-    let at = parse_at_only(&mut a)?;
+    let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let effects = plan_on(&mut opened, |limits| {
-        let effects = multi::plan_mextend(limits, id, ttl, wall, &policy).map_err(error_reply)?;
-        check_streams(ctx, limits, effects.iter())?;
+        let effects = multi::plan_mextend(limits, id, ttl, wall, &policy)
+            .map_err(|e| key_error(&names, e))?;
+        check_streams(ctx, &names, limits, effects.iter())?;
         Ok(effects)
     })?;
     apply_all(ctx, &mut opened, &effects, wall)?;
