@@ -19,13 +19,16 @@
 //! So for every budget key, the sum of `charged` over the entries whose `period_start` is the
 //! current period's start equals `used` (QUOTA.INFO).
 //!
-//! The entry is added with `XADD stream MAXLEN ~ n * field value ...` through `RedisModule_Call`
-//! with the `!` flag: Redis picks the entry id on the master and propagates the XADD it
-//! executed, rewritten with the explicit id and an exact trim (`MAXLEN = length`), to replicas
-//! and the AOF, in the same MULTI/EXEC as the command's `QUOTA.APPLY`. Replicas and AOF replays
-//! never log themselves: they apply the master's XADD.
+//! The entry is added on the master through the stream module API (`RedisModule_StreamAdd`
+//! with an id the server picks, then `RedisModule_StreamTrimByLength`, approximate), with the
+//! keyspace events an XADD fires, and replicated as what Redis propagates for an `XADD stream
+//! MAXLEN ~ n * ...`: `XADD stream MAXLEN = <length after the trim> <id> field value ...`,
+//! after the command's `QUOTA.APPLY` in the same MULTI/EXEC. No command is run (issue 21's
+//! cost goal: a nested XADD was ~45 % of a RESERVE+SETTLE cycle). Where the server lacks that
+//! API the XADD runs through `RedisModule_Call` with `!`, which propagates the same. Replicas
+//! and AOF replays never log themselves: they apply the master's XADD.
 
-use std::os::raw::c_int;
+use std::os::raw::{c_char, c_int, c_longlong};
 
 use redis_module::{raw, Context, KeyType, RedisError, RedisString};
 
@@ -248,6 +251,7 @@ pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> 
 struct Words {
     maxlen: *mut raw::RedisModuleString,
     approx: *mut raw::RedisModuleString,
+    exact: *mut raw::RedisModuleString,
     auto_id: *mut raw::RedisModuleString,
     /// key, event, id, held, charged, used, period_start, at.
     fields: [*mut raw::RedisModuleString; 8],
@@ -298,10 +302,11 @@ fn words() -> Option<(Words, [*mut raw::RedisModuleString; 8])> {
     let w = Words {
         maxlen: string(b"MAXLEN"),
         approx: string(b"~"),
+        exact: string(b"="),
         auto_id: string(b"*"),
         fields,
     };
-    let all_made = [w.maxlen, w.approx, w.auto_id]
+    let all_made = [w.maxlen, w.approx, w.exact, w.auto_id]
         .iter()
         .chain(fields.iter())
         .chain(events.iter())
@@ -321,9 +326,9 @@ pub const FIELDS: [&str; 8] = [
     "at",
 ];
 
-/// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one XADD
-/// each through `RedisModule_Call` with `!` (Redis propagates it as executed) and `E`. A failed
-/// XADD (never expected: the type was checked) is logged and counted (`INFO quota`
+/// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one entry
+/// each (see the module docs for how, and what is replicated). A failed add (never expected:
+/// the type was checked) is logged and counted (`INFO quota`
 /// `usage_stream_errors`), never a crash.
 pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries: &[UsageEntry]) {
     if entries.is_empty() {
@@ -356,9 +361,9 @@ fn xadd_all(
     events: &[*mut raw::RedisModuleString; 8],
 ) -> usize {
     // Made once per write, shared by its entries; freed at the end.
-    let (stream, max_len, at_s) = (string(&log.stream), int_string(log.max_len), int_string(at));
-    let mut owned = vec![stream, max_len, at_s];
-    let mut failed: usize = 0;
+    let (stream, at_s) = (string(&log.stream), int_string(at));
+    let mut owned = vec![stream, at_s];
+    let mut rows: Vec<[*mut raw::RedisModuleString; 16]> = Vec::with_capacity(entries.len());
     for e in entries {
         let event = match EVENTS.iter().position(|n| *n == e.event) {
             Some(i) => events.get(i).copied().unwrap_or(std::ptr::null_mut()),
@@ -375,6 +380,7 @@ fn xadd_all(
             int_string(e.used),
             int_string(e.period_start),
         ];
+        owned.extend(per_entry);
         let values = [
             key.inner,
             event,
@@ -385,20 +391,20 @@ fn xadd_all(
             per_entry[4],
             at_s,
         ];
-        let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
-        argv.push(stream);
-        if log.max_len > 0 {
-            argv.extend([w.maxlen, w.approx, max_len]);
+        let mut row = [std::ptr::null_mut(); 16];
+        for (pair, (f, v)) in row.chunks_exact_mut(2).zip(w.fields.iter().zip(values)) {
+            pair.copy_from_slice(&[*f, v]);
         }
-        argv.push(w.auto_id);
-        for (f, v) in w.fields.iter().zip(values) {
-            argv.extend([*f, v]);
-        }
-        if argv.iter().any(|p| p.is_null()) || !call_xadd(ctx, &mut argv) {
-            failed = failed.saturating_add(1);
-        }
-        owned.extend(per_entry);
+        rows.push(row);
     }
+    let failed = if stream.is_null() || at_s.is_null() {
+        entries.len()
+    } else {
+        match StreamApi::get() {
+            Some(api) => api.add_all(ctx, stream, log.max_len, &mut rows, w),
+            None => call_xadd_all(ctx, stream, log.max_len, &rows, w),
+        }
+    };
     for s in owned {
         if !s.is_null() {
             // SAFETY: each was created above without a context and is freed once.
@@ -406,6 +412,244 @@ fn xadd_all(
                 if let Some(free) = raw::RedisModule_FreeString {
                     free(std::ptr::null_mut(), s);
                 }
+            }
+        }
+    }
+    failed
+}
+
+/// The stream module API (Redis ≥ 6.2, Valkey), when the server exports every function used.
+struct StreamApi {
+    open: unsafe extern "C" fn(
+        *mut raw::RedisModuleCtx,
+        *mut raw::RedisModuleString,
+        c_int,
+    ) -> *mut raw::RedisModuleKey,
+    close: unsafe extern "C" fn(*mut raw::RedisModuleKey),
+    key_type: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> c_int,
+    length: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> usize,
+    delete: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> c_int,
+    signal_modified:
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *mut raw::RedisModuleString) -> c_int,
+    add: unsafe extern "C" fn(
+        *mut raw::RedisModuleKey,
+        c_int,
+        *mut raw::RedisModuleStreamID,
+        *mut *mut raw::RedisModuleString,
+        i64,
+    ) -> c_int,
+    trim: unsafe extern "C" fn(*mut raw::RedisModuleKey, c_int, c_longlong) -> c_longlong,
+    notify: unsafe extern "C" fn(
+        *mut raw::RedisModuleCtx,
+        c_int,
+        *const c_char,
+        *mut raw::RedisModuleString,
+    ) -> c_int,
+    replicate:
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
+}
+
+impl StreamApi {
+    fn get() -> Option<StreamApi> {
+        // SAFETY: copies of function pointers written once by RedisModule_Init (null, i.e.
+        // `None`, where the server does not export the function).
+        unsafe {
+            Some(StreamApi {
+                open: raw::RedisModule_OpenKey?,
+                close: raw::RedisModule_CloseKey?,
+                key_type: raw::RedisModule_KeyType?,
+                length: raw::RedisModule_ValueLength?,
+                delete: raw::RedisModule_DeleteKey?,
+                signal_modified: raw::RedisModule_SignalModifiedKey?,
+                add: raw::RedisModule_StreamAdd?,
+                trim: raw::RedisModule_StreamTrimByLength?,
+                notify: raw::RedisModule_NotifyKeyspaceEvent?,
+                replicate: raw::RedisModule_Replicate?,
+            })
+        }
+    }
+
+    /// Adds one entry per row (field, value, ... ×8) to `stream` as `XADD stream MAXLEN ~
+    /// max_len * ...` would (no trim when `max_len` is 0), without running a command:
+    /// `RedisModule_StreamAdd` with an id picked by the server, the approximate trim, the
+    /// keyspace events XADD fires (`xadd`, and `xtrim` if the trim removed entries), and the
+    /// replication of what Redis itself propagates for that XADD, `XADD stream MAXLEN =
+    /// <length after the trim> <id> field value ...` (`XADD stream <id> ...` without a trim),
+    /// after the command's `QUOTA.APPLY`. The key is signalled as modified (`WATCH`, client
+    /// tracking: the module sets `NO_IMPLICIT_SIGNAL_MODIFIED`, so closing it does not), and
+    /// blocked readers (XREAD, XREADGROUP BLOCK) are woken when it is closed (Redis does that
+    /// for a key that got a StreamAdd, or on creating the stream). Returns how many rows
+    /// failed.
+    fn add_all(
+        &self,
+        ctx: &Context,
+        stream: *mut raw::RedisModuleString,
+        max_len: i64,
+        rows: &mut [[*mut raw::RedisModuleString; 16]],
+        w: &Words,
+    ) -> usize {
+        if rows.iter().flatten().any(|p| p.is_null()) || w.exact.is_null() {
+            return rows.len();
+        }
+        // SAFETY: a live context and strings (checked non-null above); the key handle is
+        // closed once below, and nothing else holds it meanwhile.
+        let key = unsafe { (self.open)(ctx.ctx, stream, raw::REDISMODULE_WRITE as c_int) };
+        if key.is_null() {
+            return rows.len();
+        }
+        // SAFETY: as above.
+        let was_empty = unsafe { (self.key_type)(key) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
+        let mut failed: usize = 0;
+        for row in rows.iter_mut() {
+            if !self.add_one(ctx, key, stream, max_len, row, w) {
+                failed = failed.saturating_add(1);
+            }
+        }
+        // SAFETY: the handle opened above, closed once. A stream this call created but could
+        // not add to is removed (Redis 7.0's StreamAdd leaves it; Valkey's removes it).
+        unsafe {
+            if failed < rows.len() {
+                (self.signal_modified)(ctx.ctx, stream);
+            }
+            if was_empty
+                && (self.key_type)(key) == raw::REDISMODULE_KEYTYPE_STREAM as c_int
+                && (self.length)(key) == 0
+            {
+                (self.delete)(key);
+            }
+            (self.close)(key);
+        }
+        failed
+    }
+
+    /// One entry of [`StreamApi::add_all`]: true if it was added and replicated.
+    fn add_one(
+        &self,
+        ctx: &Context,
+        key: *mut raw::RedisModuleKey,
+        stream: *mut raw::RedisModuleString,
+        max_len: i64,
+        row: &mut [*mut raw::RedisModuleString; 16],
+        w: &Words,
+    ) -> bool {
+        let mut id = raw::RedisModuleStreamID { ms: 0, seq: 0 };
+        // SAFETY: a key open for writing; `row` holds 8 live field/value pairs, which Redis
+        // copies into the stream.
+        let added = unsafe {
+            (self.add)(
+                key,
+                raw::REDISMODULE_STREAM_ADD_AUTOID as c_int,
+                &mut id,
+                row.as_mut_ptr(),
+                8,
+            )
+        };
+        if added != raw::REDISMODULE_OK as c_int {
+            return false;
+        }
+        // SAFETY: a live context, event names and key string.
+        unsafe {
+            (self.notify)(
+                ctx.ctx,
+                raw::REDISMODULE_NOTIFY_STREAM,
+                c"xadd".as_ptr(),
+                stream,
+            );
+        }
+        let mut id_buf = itoa::Buffer::new();
+        let mut id_text = Vec::with_capacity(41);
+        id_text.extend_from_slice(id_buf.format(id.ms).as_bytes());
+        id_text.push(b'-');
+        id_text.extend_from_slice(id_buf.format(id.seq).as_bytes());
+        let status = if max_len > 0 {
+            // SAFETY: a key open for writing that holds a stream (the add succeeded).
+            let trimmed = unsafe {
+                (self.trim)(
+                    key,
+                    raw::REDISMODULE_STREAM_TRIM_APPROX as c_int,
+                    c_longlong::from(max_len),
+                )
+            };
+            if trimmed > 0 {
+                // SAFETY: as for `xadd`.
+                unsafe {
+                    (self.notify)(
+                        ctx.ctx,
+                        raw::REDISMODULE_NOTIFY_STREAM,
+                        c"xtrim".as_ptr(),
+                        stream,
+                    );
+                }
+            }
+            // SAFETY: as above.
+            let length = unsafe { (self.length)(key) };
+            let length = c_longlong::try_from(length).unwrap_or(c_longlong::MAX);
+            // SAFETY: a live context; "ssslbv" takes three RedisModuleString*, a long long,
+            // (const char*, size_t) and (RedisModuleString**, size_t); Redis copies the
+            // buffer and takes its own references to the strings.
+            unsafe {
+                (self.replicate)(
+                    ctx.ctx,
+                    c"XADD".as_ptr(),
+                    c"ssslbv".as_ptr(),
+                    stream,
+                    w.maxlen,
+                    w.exact,
+                    length,
+                    id_text.as_ptr().cast::<c_char>(),
+                    id_text.len(),
+                    row.as_mut_ptr(),
+                    row.len(),
+                )
+            }
+        } else {
+            // SAFETY: as above, with "sbv".
+            unsafe {
+                (self.replicate)(
+                    ctx.ctx,
+                    c"XADD".as_ptr(),
+                    c"sbv".as_ptr(),
+                    stream,
+                    id_text.as_ptr().cast::<c_char>(),
+                    id_text.len(),
+                    row.as_mut_ptr(),
+                    row.len(),
+                )
+            }
+        };
+        status == raw::REDISMODULE_OK as c_int
+    }
+}
+
+/// The fallback where the server lacks the stream API: one `XADD stream [MAXLEN ~ n] * ...`
+/// per row through `RedisModule_Call` with `!` (Redis propagates the XADD it executed,
+/// rewritten with the id and an exact trim). Returns how many rows failed.
+fn call_xadd_all(
+    ctx: &Context,
+    stream: *mut raw::RedisModuleString,
+    max_len: i64,
+    rows: &[[*mut raw::RedisModuleString; 16]],
+    w: &Words,
+) -> usize {
+    let max_len_s = int_string(max_len);
+    let mut failed: usize = 0;
+    for row in rows {
+        let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
+        argv.push(stream);
+        if max_len > 0 {
+            argv.extend([w.maxlen, w.approx, max_len_s]);
+        }
+        argv.push(w.auto_id);
+        argv.extend_from_slice(row);
+        if argv.iter().any(|p| p.is_null()) || !call_xadd(ctx, &mut argv) {
+            failed = failed.saturating_add(1);
+        }
+    }
+    if !max_len_s.is_null() {
+        // SAFETY: created above without a context, freed once.
+        unsafe {
+            if let Some(free) = raw::RedisModule_FreeString {
+                free(std::ptr::null_mut(), max_len_s);
             }
         }
     }
