@@ -350,7 +350,7 @@ pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries:
     }
 }
 
-/// The XADDs of [`write`]; returns how many failed.
+/// The entries of [`write`], added one by one; returns how many failed.
 fn xadd_all(
     ctx: &Context,
     key: &RedisString,
@@ -360,18 +360,67 @@ fn xadd_all(
     w: &Words,
     events: &[*mut raw::RedisModuleString; 8],
 ) -> usize {
-    // Made once per write, shared by its entries; freed at the end.
+    // Made once per write, shared by its entries.
     let (stream, at_s) = (string(&log.stream), int_string(at));
-    let mut owned = vec![stream, at_s];
-    let mut rows: Vec<[*mut raw::RedisModuleString; 16]> = Vec::with_capacity(entries.len());
-    for e in entries {
-        let event = match EVENTS.iter().position(|n| *n == e.event) {
-            Some(i) => events.get(i).copied().unwrap_or(std::ptr::null_mut()),
-            None => {
-                let s = string(e.event.as_bytes());
-                owned.push(s);
-                s
+    let failed = if stream.is_null() || at_s.is_null() {
+        entries.len()
+    } else if let Some(api) = StreamApi::get() {
+        match api.open(ctx, stream) {
+            Some(open) => {
+                let failed = each_row(key, at_s, entries, w, events, |row| {
+                    open.add(ctx, stream, log.max_len, row, w)
+                });
+                open.close(ctx, stream, failed < entries.len());
+                failed
             }
+            None => entries.len(),
+        }
+    } else {
+        let max_len = int_string(log.max_len);
+        let failed = each_row(key, at_s, entries, w, events, |row| {
+            call_xadd_row(ctx, stream, log.max_len, max_len, row, w)
+        });
+        free_string(max_len);
+        failed
+    };
+    free_string(stream);
+    free_string(at_s);
+    failed
+}
+
+/// Frees a string made by [`string`] (null: nothing).
+fn free_string(s: *mut raw::RedisModuleString) {
+    if s.is_null() {
+        return;
+    }
+    // SAFETY: created without a context by [`string`]; each caller frees its string once.
+    unsafe {
+        if let Some(free) = raw::RedisModule_FreeString {
+            free(std::ptr::null_mut(), s);
+        }
+    }
+}
+
+/// Calls `add` with each entry's 16 field and value strings (on the stack: no allocation but
+/// the values' strings), freeing the values after; returns how many entries failed (a string
+/// that could not be made, or `add` returning false).
+fn each_row(
+    key: &RedisString,
+    at_s: *mut raw::RedisModuleString,
+    entries: &[UsageEntry],
+    w: &Words,
+    events: &[*mut raw::RedisModuleString; 8],
+    mut add: impl FnMut(&mut [*mut raw::RedisModuleString; 16]) -> bool,
+) -> usize {
+    let mut failed: usize = 0;
+    for e in entries {
+        let known = EVENTS
+            .iter()
+            .position(|n| *n == e.event)
+            .and_then(|i| events.get(i).copied());
+        let made_event = match known {
+            Some(_) => std::ptr::null_mut(),
+            None => string(e.event.as_bytes()),
         };
         let per_entry = [
             string(&e.id),
@@ -380,10 +429,9 @@ fn xadd_all(
             int_string(e.used),
             int_string(e.period_start),
         ];
-        owned.extend(per_entry);
         let values = [
             key.inner,
-            event,
+            known.unwrap_or(made_event),
             per_entry[0],
             per_entry[1],
             per_entry[2],
@@ -395,25 +443,14 @@ fn xadd_all(
         for (pair, (f, v)) in row.chunks_exact_mut(2).zip(w.fields.iter().zip(values)) {
             pair.copy_from_slice(&[*f, v]);
         }
-        rows.push(row);
-    }
-    let failed = if stream.is_null() || at_s.is_null() {
-        entries.len()
-    } else {
-        match StreamApi::get() {
-            Some(api) => api.add_all(ctx, stream, log.max_len, &mut rows, w),
-            None => call_xadd_all(ctx, stream, log.max_len, &rows, w),
+        if row.iter().any(|p| p.is_null()) || !add(&mut row) {
+            failed = failed.saturating_add(1);
         }
-    };
-    for s in owned {
-        if !s.is_null() {
-            // SAFETY: each was created above without a context and is freed once.
-            unsafe {
-                if let Some(free) = raw::RedisModule_FreeString {
-                    free(std::ptr::null_mut(), s);
-                }
-            }
+        // Redis took its own references (the stream copies, replication and calls retain).
+        for s in per_entry {
+            free_string(s);
         }
+        free_string(made_event);
     }
     failed
 }
@@ -449,6 +486,13 @@ struct StreamApi {
         unsafe extern "C" fn(*mut raw::RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
 }
 
+/// A stream key open for writing through [`StreamApi`]; [`OpenStream::close`] closes it.
+struct OpenStream<'a> {
+    api: &'a StreamApi,
+    key: *mut raw::RedisModuleKey,
+    was_empty: bool,
+}
+
 impl StreamApi {
     fn get() -> Option<StreamApi> {
         // SAFETY: copies of function pointers written once by RedisModule_Init (null, i.e.
@@ -469,75 +513,46 @@ impl StreamApi {
         }
     }
 
-    /// Adds one entry per row (field, value, ... ×8) to `stream` as `XADD stream MAXLEN ~
-    /// max_len * ...` would (no trim when `max_len` is 0), without running a command:
+    /// Opens `stream` for writing (None: Redis refused).
+    fn open(&self, ctx: &Context, stream: *mut raw::RedisModuleString) -> Option<OpenStream<'_>> {
+        // SAFETY: a live context and key string; the handle is closed once by `close`.
+        let key = unsafe { (self.open)(ctx.ctx, stream, raw::REDISMODULE_WRITE as c_int) };
+        if key.is_null() {
+            return None;
+        }
+        // SAFETY: the handle just opened.
+        let was_empty = unsafe { (self.key_type)(key) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
+        Some(OpenStream {
+            api: self,
+            key,
+            was_empty,
+        })
+    }
+}
+
+impl OpenStream<'_> {
+    /// Adds one entry (`row`: 8 field/value pairs) as `XADD stream MAXLEN ~ max_len * ...`
+    /// would (no trim when `max_len` is 0), without running a command:
     /// `RedisModule_StreamAdd` with an id picked by the server, the approximate trim, the
     /// keyspace events XADD fires (`xadd`, and `xtrim` if the trim removed entries), and the
     /// replication of what Redis itself propagates for that XADD, `XADD stream MAXLEN =
     /// <length after the trim> <id> field value ...` (`XADD stream <id> ...` without a trim),
-    /// after the command's `QUOTA.APPLY`. The key is signalled as modified (`WATCH`, client
-    /// tracking: the module sets `NO_IMPLICIT_SIGNAL_MODIFIED`, so closing it does not), and
-    /// blocked readers (XREAD, XREADGROUP BLOCK) are woken when it is closed (Redis does that
-    /// for a key that got a StreamAdd, or on creating the stream). Returns how many rows
-    /// failed.
-    fn add_all(
+    /// after the command's `QUOTA.APPLY`. True if it was added and replicated.
+    fn add(
         &self,
         ctx: &Context,
-        stream: *mut raw::RedisModuleString,
-        max_len: i64,
-        rows: &mut [[*mut raw::RedisModuleString; 16]],
-        w: &Words,
-    ) -> usize {
-        if rows.iter().flatten().any(|p| p.is_null()) || w.exact.is_null() {
-            return rows.len();
-        }
-        // SAFETY: a live context and strings (checked non-null above); the key handle is
-        // closed once below, and nothing else holds it meanwhile.
-        let key = unsafe { (self.open)(ctx.ctx, stream, raw::REDISMODULE_WRITE as c_int) };
-        if key.is_null() {
-            return rows.len();
-        }
-        // SAFETY: as above.
-        let was_empty = unsafe { (self.key_type)(key) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
-        let mut failed: usize = 0;
-        for row in rows.iter_mut() {
-            if !self.add_one(ctx, key, stream, max_len, row, w) {
-                failed = failed.saturating_add(1);
-            }
-        }
-        // SAFETY: the handle opened above, closed once. A stream this call created but could
-        // not add to is removed (Redis 7.0's StreamAdd leaves it; Valkey's removes it).
-        unsafe {
-            if failed < rows.len() {
-                (self.signal_modified)(ctx.ctx, stream);
-            }
-            if was_empty
-                && (self.key_type)(key) == raw::REDISMODULE_KEYTYPE_STREAM as c_int
-                && (self.length)(key) == 0
-            {
-                (self.delete)(key);
-            }
-            (self.close)(key);
-        }
-        failed
-    }
-
-    /// One entry of [`StreamApi::add_all`]: true if it was added and replicated.
-    fn add_one(
-        &self,
-        ctx: &Context,
-        key: *mut raw::RedisModuleKey,
         stream: *mut raw::RedisModuleString,
         max_len: i64,
         row: &mut [*mut raw::RedisModuleString; 16],
         w: &Words,
     ) -> bool {
+        let api = self.api;
         let mut id = raw::RedisModuleStreamID { ms: 0, seq: 0 };
         // SAFETY: a key open for writing; `row` holds 8 live field/value pairs, which Redis
         // copies into the stream.
         let added = unsafe {
-            (self.add)(
-                key,
+            (api.add)(
+                self.key,
                 raw::REDISMODULE_STREAM_ADD_AUTOID as c_int,
                 &mut id,
                 row.as_mut_ptr(),
@@ -547,48 +562,51 @@ impl StreamApi {
         if added != raw::REDISMODULE_OK as c_int {
             return false;
         }
-        // SAFETY: a live context, event names and key string.
+        // SAFETY: a live context, event name and key string.
         unsafe {
-            (self.notify)(
+            (api.notify)(
                 ctx.ctx,
                 raw::REDISMODULE_NOTIFY_STREAM,
                 c"xadd".as_ptr(),
                 stream,
             );
         }
-        let mut id_buf = itoa::Buffer::new();
-        let mut id_text = Vec::with_capacity(41);
-        id_text.extend_from_slice(id_buf.format(id.ms).as_bytes());
-        id_text.push(b'-');
-        id_text.extend_from_slice(id_buf.format(id.seq).as_bytes());
+        let mut id_text = [0u8; 41];
+        let id_len = format_id(&id, &mut id_text);
         let status = if max_len > 0 {
             // SAFETY: a key open for writing that holds a stream (the add succeeded).
-            let trimmed = unsafe {
-                (self.trim)(
-                    key,
-                    raw::REDISMODULE_STREAM_TRIM_APPROX as c_int,
-                    c_longlong::from(max_len),
-                )
-            };
-            if trimmed > 0 {
-                // SAFETY: as for `xadd`.
-                unsafe {
-                    (self.notify)(
-                        ctx.ctx,
-                        raw::REDISMODULE_NOTIFY_STREAM,
-                        c"xtrim".as_ptr(),
-                        stream,
-                    );
+            let mut length = unsafe { (api.length)(self.key) };
+            // A stream no longer than `max_len` is left as it is by the trim (Redis returns
+            // before changing anything): skip the call.
+            if u64::try_from(length).map_or(true, |n| n > max_len.unsigned_abs()) {
+                // SAFETY: as above.
+                let trimmed = unsafe {
+                    (api.trim)(
+                        self.key,
+                        raw::REDISMODULE_STREAM_TRIM_APPROX as c_int,
+                        c_longlong::from(max_len),
+                    )
+                };
+                if trimmed > 0 {
+                    // SAFETY: as for `xadd`.
+                    unsafe {
+                        (api.notify)(
+                            ctx.ctx,
+                            raw::REDISMODULE_NOTIFY_STREAM,
+                            c"xtrim".as_ptr(),
+                            stream,
+                        );
+                    }
                 }
+                // SAFETY: as above.
+                length = unsafe { (api.length)(self.key) };
             }
-            // SAFETY: as above.
-            let length = unsafe { (self.length)(key) };
             let length = c_longlong::try_from(length).unwrap_or(c_longlong::MAX);
             // SAFETY: a live context; "ssslbv" takes three RedisModuleString*, a long long,
             // (const char*, size_t) and (RedisModuleString**, size_t); Redis copies the
             // buffer and takes its own references to the strings.
             unsafe {
-                (self.replicate)(
+                (api.replicate)(
                     ctx.ctx,
                     c"XADD".as_ptr(),
                     c"ssslbv".as_ptr(),
@@ -597,7 +615,7 @@ impl StreamApi {
                     w.exact,
                     length,
                     id_text.as_ptr().cast::<c_char>(),
-                    id_text.len(),
+                    id_len,
                     row.as_mut_ptr(),
                     row.len(),
                 )
@@ -605,13 +623,13 @@ impl StreamApi {
         } else {
             // SAFETY: as above, with "sbv".
             unsafe {
-                (self.replicate)(
+                (api.replicate)(
                     ctx.ctx,
                     c"XADD".as_ptr(),
                     c"sbv".as_ptr(),
                     stream,
                     id_text.as_ptr().cast::<c_char>(),
-                    id_text.len(),
+                    id_len,
                     row.as_mut_ptr(),
                     row.len(),
                 )
@@ -619,41 +637,67 @@ impl StreamApi {
         };
         status == raw::REDISMODULE_OK as c_int
     }
+
+    /// Closes the key. `added`: entries were added, so the key is signalled as modified
+    /// (`WATCH`, client tracking: the module sets `NO_IMPLICIT_SIGNAL_MODIFIED`, so closing
+    /// does not). Blocked readers (XREAD, XREADGROUP BLOCK) are woken by Redis on closing a
+    /// key that got a StreamAdd (or on creating the stream). A stream this call created but
+    /// could not add to is removed (Redis 7.0's StreamAdd leaves it; Valkey's removes it).
+    fn close(self, ctx: &Context, stream: *mut raw::RedisModuleString, added: bool) {
+        let api = self.api;
+        // SAFETY: the handle opened by `StreamApi::open`, closed once here.
+        unsafe {
+            if added {
+                (api.signal_modified)(ctx.ctx, stream);
+            }
+            if self.was_empty
+                && (api.key_type)(self.key) == raw::REDISMODULE_KEYTYPE_STREAM as c_int
+                && (api.length)(self.key) == 0
+            {
+                (api.delete)(self.key);
+            }
+            (api.close)(self.key);
+        }
+    }
 }
 
-/// The fallback where the server lacks the stream API: one `XADD stream [MAXLEN ~ n] * ...`
-/// per row through `RedisModule_Call` with `!` (Redis propagates the XADD it executed,
-/// rewritten with the id and an exact trim). Returns how many rows failed.
-fn call_xadd_all(
+/// Writes `<ms>-<seq>` into `out`; returns its length (at most 41: two u64 and a dash).
+fn format_id(id: &raw::RedisModuleStreamID, out: &mut [u8; 41]) -> usize {
+    let mut b = itoa::Buffer::new();
+    let mut len: usize = 0;
+    for part in [
+        b.format(id.ms).as_bytes(),
+        b"-",
+        itoa::Buffer::new().format(id.seq).as_bytes(),
+    ] {
+        let end = len.saturating_add(part.len());
+        if let Some(dst) = out.get_mut(len..end) {
+            dst.copy_from_slice(part);
+            len = end;
+        }
+    }
+    len
+}
+
+/// The fallback where the server lacks the stream API: `XADD stream [MAXLEN ~ n] * ...` through
+/// `RedisModule_Call` with `!` (Redis propagates the XADD it executed, rewritten with the id
+/// and an exact trim). True if it replied without an error.
+fn call_xadd_row(
     ctx: &Context,
     stream: *mut raw::RedisModuleString,
     max_len: i64,
-    rows: &[[*mut raw::RedisModuleString; 16]],
+    max_len_s: *mut raw::RedisModuleString,
+    row: &[*mut raw::RedisModuleString; 16],
     w: &Words,
-) -> usize {
-    let max_len_s = int_string(max_len);
-    let mut failed: usize = 0;
-    for row in rows {
-        let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
-        argv.push(stream);
-        if max_len > 0 {
-            argv.extend([w.maxlen, w.approx, max_len_s]);
-        }
-        argv.push(w.auto_id);
-        argv.extend_from_slice(row);
-        if argv.iter().any(|p| p.is_null()) || !call_xadd(ctx, &mut argv) {
-            failed = failed.saturating_add(1);
-        }
+) -> bool {
+    let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
+    argv.push(stream);
+    if max_len > 0 {
+        argv.extend([w.maxlen, w.approx, max_len_s]);
     }
-    if !max_len_s.is_null() {
-        // SAFETY: created above without a context, freed once.
-        unsafe {
-            if let Some(free) = raw::RedisModule_FreeString {
-                free(std::ptr::null_mut(), max_len_s);
-            }
-        }
-    }
-    failed
+    argv.push(w.auto_id);
+    argv.extend_from_slice(row);
+    !argv.iter().any(|p| p.is_null()) && call_xadd(ctx, &mut argv)
 }
 
 /// `RedisModule_Call(ctx, "XADD", "!Ev", argv, argc)`: true if it replied without an error.
@@ -715,6 +759,16 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_ids_are_formatted_as_redis_does() {
+        let mut out = [0u8; 41];
+        let id = |ms, seq| raw::RedisModuleStreamID { ms, seq };
+        let n = format_id(&id(1_796_139_861_470, 0), &mut out);
+        assert_eq!(&out[..n], b"1796139861470-0");
+        let n = format_id(&id(u64::MAX, u64::MAX), &mut out);
+        assert_eq!(&out[..n], b"18446744073709551615-18446744073709551615");
+    }
 
     #[test]
     fn key_slots_match_redis_cluster() {
