@@ -860,3 +860,35 @@ fn entries_fire_the_keyspace_events_of_an_xadd() {
     assert_eq!(of("u"), of("v"));
     assert_eq!(xlen(&mut c, "u"), xlen(&mut c, "v"));
 }
+
+#[test]
+fn without_xadd_nothing_is_logged_and_replicas_stay_equal() {
+    // XADD renamed away: entries could not be replicated, so none are added (counted).
+    let args = ["--rename-command", "XADD", ""];
+    let master = clock_server(&args);
+    let replica = clock_server(&args);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    ok(
+        &mut m,
+        &[
+            "QUOTA.SET",
+            "b",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "u",
+            "AT",
+            &at(T),
+        ],
+    );
+    ok(&mut m, &["QUOTA.CHARGE", "b", "3", "AT", &at(T + 1)]);
+    ok(&mut m, &["QUOTA.CHARGE", "b", "2", "AT", &at(T + 2)]);
+    assert_eq!(xlen(&mut m, "u"), 0);
+    let stats = info_section(&mut m, "quota");
+    assert_eq!(stats["quota_usage_stream_errors"], 2);
+    assert_eq!(info_at(&mut m, "b", T + 2)["used"], 5);
+    sync(&mut m);
+    assert_eq!(all_digests(&mut r), all_digests(&mut m));
+}

@@ -360,6 +360,9 @@ fn xadd_all(
     w: &Words,
     events: &[*mut raw::RedisModuleString; 8],
 ) -> usize {
+    if !xadd_known(ctx) {
+        return entries.len();
+    }
     // Made once per write, shared by its entries.
     let (stream, at_s) = (string(&log.stream), int_string(at));
     let failed = if stream.is_null() || at_s.is_null() {
@@ -386,6 +389,40 @@ fn xadd_all(
     free_string(stream);
     free_string(at_s);
     failed
+}
+
+std::thread_local! {
+    /// [`xadd_known`]'s answer, once asked.
+    static XADD_KNOWN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Is `XADD` a command of this server? The entries are replicated as XADDs: with XADD renamed
+/// away (`rename-command XADD ...`) `RedisModule_Replicate` would refuse them and replicas would
+/// miss entries the master has, so none are added (each counted as a failed entry, as the
+/// nested XADD failed before). Asked once (rename-command is fixed at startup):
+/// `RedisModule_Call` of XADD without arguments runs nothing, failing with `ENOENT` for an
+/// unknown command and `EINVAL` (arity) for a known one.
+fn xadd_known(ctx: &Context) -> bool {
+    if let Ok(Some(known)) = XADD_KNOWN.try_with(std::cell::Cell::get) {
+        return known;
+    }
+    // SAFETY: a live context; no arguments after the format. A reply (never expected) is
+    // freed once.
+    let known = unsafe {
+        let (Some(call), Some(free)) = (raw::RedisModule_Call, raw::RedisModule_FreeCallReply)
+        else {
+            return false;
+        };
+        let reply = call(ctx.ctx, c"XADD".as_ptr(), c"".as_ptr());
+        if reply.is_null() {
+            std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT)
+        } else {
+            free(reply);
+            true
+        }
+    };
+    let _ = XADD_KNOWN.try_with(|k| k.set(Some(known)));
+    known
 }
 
 /// Frees a string made by [`string`] (null: nothing).
