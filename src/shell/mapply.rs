@@ -128,7 +128,12 @@ fn decode_line(kind: &[u8], packed: &[u8]) -> Result<Line, RedisError> {
 
 /// `QUOTA.MAPPLY numkeys key [key ...] <packed>` → OK.
 pub fn quota_mapply(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    // The keys, then the packed effects.
+    let after = key_specs::After {
+        per_key: 0,
+        fixed: 1,
+    };
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, after) {
         return Ok(RedisValue::NoReply);
     }
     if !from_replication_or_loading(ctx) {

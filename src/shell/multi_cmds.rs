@@ -16,13 +16,14 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::Budget;
-use crate::core::multi::{self, KeyEffects, KeyOutcome, KeyStatus, Limit, MReserve};
+use crate::core::multi::{self, KeyEffects, KeyError, KeyOutcome, KeyStatus, Limit, MReserve};
 use crate::core::window::Window;
 use crate::shell::apply::{apply_counted_logged, count_releases, write_usage};
 use crate::shell::args::{check_id, Args};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
+use crate::shell::key_specs::After;
 use crate::shell::mapply::Batch;
 use crate::shell::reply::error_reply;
 use crate::shell::usage;
@@ -32,6 +33,25 @@ use crate::shell::{clock, config, key_specs, stats, window_effects};
 
 /// Most keys one multi-key command names (`numkeys`).
 pub const MAX_KEYS: usize = 16;
+
+/// What each command needs after its keys (for [`key_specs::answer_key_positions`]): as its
+/// parser reads them.
+const MRESERVE: After = After {
+    per_key: 1,
+    fixed: 0,
+};
+const MSETTLE: After = After {
+    per_key: 1,
+    fixed: 1,
+};
+const MROLLBACK: After = After {
+    per_key: 0,
+    fixed: 1,
+};
+const MEXTEND: After = After {
+    per_key: 0,
+    fixed: 2,
+};
 
 /// What a key holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,13 +68,21 @@ struct Opened<'a> {
     kind: Kind,
 }
 
-/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice.
-fn parse_keys<'a>(a: &mut Args<'a>) -> Result<Vec<&'a RedisString>, RedisError> {
+/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice, and at least
+/// the arguments `after` them left (else the arity error, before any key is read: with
+/// `numkeys` above the keys given, amounts would be read as keys).
+fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Vec<&'a RedisString>, RedisError> {
     let n = a.next_i64()?;
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_KEYS).contains(n))
         .ok_or(RedisError::Str("ERR numkeys must be between 1 and 16"))?;
+    let needed = n
+        .saturating_mul(after.per_key.saturating_add(1))
+        .saturating_add(after.fixed);
+    if a.remaining() < needed {
+        return Err(a.wrong_arity());
+    }
     let mut keys: Vec<&RedisString> = Vec::with_capacity(n);
     for _ in 0..n {
         let k = a.next_string()?;
@@ -69,18 +97,40 @@ fn parse_keys<'a>(a: &mut Args<'a>) -> Result<Vec<&'a RedisString>, RedisError> 
     Ok(keys)
 }
 
-/// Parses an optional trailing `AT ms` (test clock).
-fn parse_at_only(a: &mut Args) -> Result<Option<i64>, RedisError> {
+/// Parses an optional trailing `AT ms` (test clock). `values`: what the command takes one of
+/// per key before it (`"actual"`), if anything.
+fn parse_at_only(a: &mut Args, values: Option<(usize, &str)>) -> Result<Option<i64>, RedisError> {
     let mut at = None;
     while !a.is_empty() {
         let t = a.next_bytes()?;
         if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(a.unexpected(t));
+            return Err(match values {
+                Some((n, what)) => not_an_option(a, t, n, what),
+                None => a.unexpected(t),
+            });
         }
     }
     Ok(at)
+}
+
+/// The error for `t`, read where an option was expected after the `n` per-key values named
+/// `what` (`amount`, `actual`): a number there (or `ELAPSED` after actuals) is one too many,
+/// else an unknown option.
+#[cold]
+fn not_an_option(a: &Args, t: &[u8], n: usize, what: &str) -> RedisError {
+    let value = crate::shell::args::parse_canonical_i64(t).is_some()
+        || (what == "actual" && t.eq_ignore_ascii_case(b"ELAPSED"));
+    if value {
+        let s = if n == 1 { "" } else { "s" };
+        a.syntax_error(
+            t,
+            &format!("expected {n} {what}{s}, one per key (numkeys is {n}), got more"),
+        )
+    } else {
+        a.unexpected(t)
+    }
 }
 
 /// Opens every key writable and tells its kind. Errors (and declares every key unchanged) on
@@ -117,13 +167,23 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<Vec<Opened<'
 }
 
 /// `e` with the listed key it is about appended (`... (key 'quota:{t}:rpm')`): with up to 16
-/// keys a bare `WRONGTYPE` or `NOQUOTA` would not say which one. The code stays first.
+/// keys a bare `WRONGTYPE`, `NOQUOTA`, `CONFLICT` or `NORESERVATION` would not say which one.
+/// The code stays first.
 #[cold]
 fn naming_key(e: RedisError, name: &RedisString) -> RedisError {
     RedisError::String(format!(
         "{e} (key '{}')",
         crate::core::error::printable_id(name.as_slice())
     ))
+}
+
+/// A core error as the reply, naming the listed key it is about (as [`naming_key`]).
+#[cold]
+fn key_error(names: &[&RedisString], e: KeyError) -> RedisError {
+    match e.index.and_then(|i| names.get(i)) {
+        Some(name) => naming_key(error_reply(&e.error), name),
+        None => error_reply(&e.error),
+    }
 }
 
 /// Declares every key unchanged and returns `e`: nothing was written anywhere.
@@ -192,7 +252,7 @@ fn apply_all<'a>(
             if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
                 if usage::may_log(b, effects) {
                     if let Err(e) = usage::check_stream(ctx, b, effects) {
-                        refused = Some(e);
+                        refused = Some(naming_key(e, o.name));
                         break;
                     }
                 }
@@ -259,11 +319,11 @@ fn apply_all<'a>(
 /// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [KEEP n] [AT ms]`
 /// → `[granted, id|nil, denied_index, retry_after_ms, [value per key]]`.
 pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MRESERVE) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 3)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MRESERVE)?;
     let mut amounts = Vec::with_capacity(names.len());
     for _ in &names {
         let n = a.next_i64_as("amount")?;
@@ -287,7 +347,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(a.next_i64()?);
         } else {
-            return Err(a.unexpected(t));
+            return Err(not_an_option(&a, t, names.len(), "amount"));
         }
     }
     let wall = clock::command_ms(at)?;
@@ -301,7 +361,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             }
         }
         multi::plan_mreserve_keep(limits, &amounts, id, ttl, keep, wall, &policy)
-            .map_err(error_reply)
+            .map_err(|e| key_error(&names, e))
     })?;
     match outcome {
         MReserve::Retried { id } => {
@@ -379,11 +439,11 @@ fn apply_outcomes(
 /// `QUOTA.MSETTLE numkeys key [key ...] id actual|ELAPSED [actual|ELAPSED ...] [AT ms]`
 /// → one `[status, charged, value]` per key (ELAPSED: budget keys with a UNIT only).
 pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MSETTLE) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 4)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MSETTLE)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
     let mut actuals = Vec::with_capacity(names.len());
@@ -401,31 +461,32 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
             multi::Actual::Units(n)
         });
     }
-    let at = parse_at_only(&mut a)?;
+    let at = parse_at_only(&mut a, Some((names.len(), "actual")))?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
-        multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy).map_err(error_reply)
+        multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy)
+            .map_err(|e| key_error(&names, e))
     })?;
     apply_outcomes(ctx, &mut opened, outcomes, wall)
 }
 
 /// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
 pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MROLLBACK) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 3)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MROLLBACK)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let at = parse_at_only(&mut a)?;
+    let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
-        multi::plan_mrollback(limits, id, wall, &policy).map_err(error_reply)
+        multi::plan_mrollback(limits, id, wall, &policy).map_err(|e| key_error(&names, e))
     })?;
     apply_outcomes(ctx, &mut opened, outcomes, wall)
 }
@@ -433,23 +494,23 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
 /// `ttl_ms` (as QUOTA.EXTEND's), nil for a window key (nothing to extend).
 pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
-    if key_specs::answer_key_positions(ctx, args, MAX_KEYS) {
+    if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MEXTEND) {
         return Ok(RedisValue::NoReply);
     }
     let mut a = Args::new(args, 4)?;
-    let names = parse_keys(&mut a)?;
+    let names = parse_keys(&mut a, MEXTEND)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
     let ttl = a.next_i64_as("ttl_ms")?;
     if ttl <= 0 {
         return Err(RedisError::Str("ERR ttl_ms must be positive"));
     }
-    let at = parse_at_only(&mut a)?;
+    let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let effects = plan_on(&mut opened, |limits| {
-        multi::plan_mextend(limits, id, ttl, wall, &policy).map_err(error_reply)
+        multi::plan_mextend(limits, id, ttl, wall, &policy).map_err(|e| key_error(&names, e))
     })?;
     apply_all(ctx, &mut opened, &effects, wall)?;
     stats::bump(&stats::MEXTENDED);
