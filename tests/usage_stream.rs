@@ -717,6 +717,68 @@ fn charging_expiries_log_what_they_charged() {
     assert_eq!(sum, info_at(&mut c, "tok", T + 100)["used"]);
 }
 
+#[test]
+fn writes_that_log_nothing_skip_the_stream_and_the_ones_that_log_are_checked() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let t = |d: i64| (T + d).to_string();
+    ok(
+        &mut c,
+        &["QUOTA.SET", "b", "LIMIT", "100", "STREAM", "u", "AT", &t(0)],
+    );
+    // The stream key holds another type (only a user can do that).
+    ok(&mut c, &["SET", "u", "x"]);
+    // A grant and a heartbeat log nothing: they do not look at the stream key.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.RESERVE",
+            "b",
+            "10",
+            "ID",
+            "r1",
+            "TTL",
+            "50",
+            "AT",
+            &t(1),
+        ],
+    );
+    ok(&mut c, &["QUOTA.EXTEND", "b", "r1", "60", "AT", &t(2)]);
+    assert_eq!(info_at(&mut c, "b", T + 2)["reserved"], 10);
+    // Every write that would log is refused before anything changes: a settle, a charge, a
+    // rollback, and a grant that releases an expired reservation on the way.
+    let d = digest(&mut c, "b");
+    for cmd in [
+        vec!["QUOTA.SETTLE", "b", "r1", "5"],
+        vec!["QUOTA.CHARGE", "b", "1"],
+        vec!["QUOTA.ROLLBACK", "b", "r1"],
+    ] {
+        let mut cmd = cmd;
+        let now = t(3);
+        cmd.extend(["AT", &now]);
+        assert_eq!(err(&mut c, &cmd).0, "WRONGTYPE", "{cmd:?}");
+    }
+    let late = t(100);
+    assert_eq!(
+        err(
+            &mut c,
+            &["QUOTA.RESERVE", "b", "1", "ID", "r2", "AT", &late]
+        )
+        .0,
+        "WRONGTYPE"
+    );
+    assert_eq!(digest(&mut c, "b"), d);
+    assert_eq!(text(&ok(&mut c, &["GET", "u"])), "x");
+    // With the stream back, the same grant logs the expiry.
+    ok(&mut c, &["DEL", "u"]);
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", "b", "1", "ID", "r2", "AT", &late],
+    );
+    let got: Vec<Fields> = entries(&mut c, "u").into_iter().map(|(_, f)| f).collect();
+    assert_eq!(got, [entry("b", "expire", "r1", 10, 0, 0, -1, T + 100)]);
+}
+
 /// Waits until `n` clients are blocked (a blocking read on another connection).
 fn wait_blocked(c: &mut redis::Connection, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(10);

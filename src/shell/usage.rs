@@ -55,12 +55,33 @@ pub struct UsageEntry {
     pub period_start: i64,
 }
 
-/// Could applying `effects` to `budget` log anything? (It has a log, or the effects turn one on.)
+/// Could applying `effects` to `budget` log anything? Only if the budget has a log (or the
+/// effects turn one on) and some effect [`logs`]: a RESERVE's grant or an EXTEND skips the
+/// stream altogether (no key check, no entry vector), as it adds no entry.
 pub fn may_log(budget: &Budget, effects: &[Effect]) -> bool {
-    budget.usage().is_some()
+    (budget.usage().is_some()
         || effects
             .iter()
-            .any(|e| matches!(e, Effect::Usage { log: Some(_) }))
+            .any(|e| matches!(e, Effect::Usage { log: Some(_) })))
+        && effects.iter().any(logs)
+}
+
+/// Can this effect add a usage entry? Exactly the effects [`entry_of`] may log for (a
+/// `Configure` only when `used` changes, known once applied: counted as logging).
+pub fn logs(e: &Effect) -> bool {
+    match e {
+        Effect::Settle { .. }
+        | Effect::SettleLate { .. }
+        | Effect::Rollback { .. }
+        | Effect::Release { .. }
+        | Effect::Charge { .. }
+        | Effect::Reset { .. }
+        | Effect::Configure { .. } => true,
+        Effect::Grant { .. }
+        | Effect::Extend { .. }
+        | Effect::Forget { .. }
+        | Effect::Usage { .. } => false,
+    }
 }
 
 /// The amount a reservation held, before an effect on it is applied (-1: no id, or unknown).
@@ -95,6 +116,10 @@ fn entry_of(
     bounds_before: Option<(i64, i64)>,
     after: &Budget,
 ) -> Option<UsageEntry> {
+    // Consistent with `may_log` by construction: nothing logs that it skips.
+    if !logs(e) {
+        return None;
+    }
     let used = after.stored_used();
     let period_start = start_of(after.stored_bounds());
     let entry = |event, id: &Id, held, charged| UsageEntry {
