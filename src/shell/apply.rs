@@ -24,9 +24,12 @@ pub fn apply_and_propagate(
     effects: &[Effect],
 ) -> Result<View, RedisError> {
     let logging = usage::may_log(budget, effects);
-    if logging {
-        usage::check_stream(ctx, budget, effects)?;
-    }
+    // Checked, and left open for the entries (one budget: no other handle on the stream key).
+    let held = if logging {
+        usage::hold_stream(ctx, budget, effects)?
+    } else {
+        None
+    };
     let mut log = Vec::new();
     let (result, view) = apply_counted_logged(
         ctx,
@@ -37,7 +40,7 @@ pub fn apply_and_propagate(
         logging.then_some(&mut log),
     );
     let view = view.unwrap_or_else(|| budget.view(at));
-    let marks = write_usage(ctx, key_name, budget, at, &log);
+    let marks = write_usage(ctx, key_name, budget, at, &log, held);
     replicate_applied(ctx, key_name, at, effects, &result, &marks);
     match result.error {
         Some(e) => Err(e),
@@ -57,12 +60,13 @@ pub fn apply_and_replicate(
     let mut log = Vec::new();
     let logging = usage::may_log(budget, effects).then_some(&mut log);
     let result = apply_counted_logged(ctx, key_name, budget, at, effects, logging).0;
-    let marks = write_usage(ctx, key_name, budget, at, &log);
+    let marks = write_usage(ctx, key_name, budget, at, &log, None);
     replicate_applied(ctx, key_name, at, effects, &result, &marks);
     result
 }
 
-/// Adds usage entries to the budget's stream, before the effects are replicated: returns the
+/// Adds usage entries to the budget's stream (through `held` if it is that stream's key, as
+/// [`usage::hold_stream`] left it open), before the effects are replicated: returns the
 /// `LOGGED` marks (entry ids, lengths) to replicate with them.
 pub fn write_usage(
     ctx: &Context,
@@ -70,9 +74,10 @@ pub fn write_usage(
     budget: &Budget,
     at: i64,
     log: &[UsageEntry],
+    held: Option<usage::HeldStream>,
 ) -> usage::Marks {
     match budget.usage() {
-        Some(u) => usage::write(ctx, key_name, u, at, log),
+        Some(u) => usage::write(ctx, key_name, u, at, log, held),
         None => usage::Marks::new(),
     }
 }

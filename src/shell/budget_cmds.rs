@@ -293,7 +293,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     counts.adopt();
     events::notify(ctx, key_name, &list, || 0);
     let marks = match log {
-        Some(log) => usage::write(ctx, key_name, &log, wall, &entries),
+        Some(log) => usage::write(ctx, key_name, &log, wall, &entries, None),
         None => usage::Marks::new(),
     };
     replicate::replicate_effects(ctx, key_name, wall, &list, &marks);

@@ -305,7 +305,7 @@ fn apply_all<'a>(
                     let applied = effects.get(..result.applied).unwrap_or(&[]);
                     count_releases(applied);
                     // The entries are added before the batch is replicated: their ids go in it.
-                    let marks = write_usage(ctx, name, b, *now, &log);
+                    let marks = write_usage(ctx, name, b, *now, &log, None);
                     batch.budget(name, *now, applied, &marks);
                     // The budget's time is `now` after the apply (`Budget::now(wall)`).
                     let available = match view {

@@ -217,18 +217,22 @@ pub fn apply_logged(
 /// Refuses (before anything is applied) a write whose usage entries could not be added: the
 /// stream key holds another type. The ledger and its log must not diverge.
 pub fn check_stream(ctx: &Context, budget: &Budget, effects: &[Effect]) -> Result<(), RedisError> {
-    let stream = effects
+    match stream_of(budget, effects) {
+        Some(log) => check_stream_key(ctx, &log.stream),
+        None => Ok(()),
+    }
+}
+
+/// The usage log a budget has once `effects` are applied.
+fn stream_of<'a>(budget: &'a Budget, effects: &'a [Effect]) -> Option<&'a UsageLog> {
+    effects
         .iter()
         .rev()
         .find_map(|e| match e {
             Effect::Usage { log } => Some(log.as_ref()),
             _ => None,
         })
-        .unwrap_or(budget.usage());
-    match stream {
-        Some(log) => check_stream_key(ctx, &log.stream),
-        None => Ok(()),
-    }
+        .unwrap_or(budget.usage())
 }
 
 /// `NOPERM` unless the calling user's ACL key patterns allow writing `stream` (QUOTA.SET ...
@@ -275,9 +279,7 @@ pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> 
     let name = RedisString::create_from_slice(ctx.ctx, stream);
     match ctx.open_key(&name).key_type() {
         KeyType::Empty | KeyType::Stream => Ok(()),
-        _ => Err(RedisError::Str(
-            "WRONGTYPE the usage stream key holds a value that is not a stream",
-        )),
+        _ => Err(wrong_stream_type()),
     }
 }
 
@@ -287,6 +289,11 @@ struct Words {
     maxlen: *mut raw::RedisModuleString,
     approx: *mut raw::RedisModuleString,
     auto_id: *mut raw::RedisModuleString,
+    /// The values most entries share: -1 (no period, no reservation), 0 (a rollback's or an
+    /// expiry's charge), "" (no id): no string made and freed per entry for them.
+    minus_one: *mut raw::RedisModuleString,
+    zero: *mut raw::RedisModuleString,
+    empty: *mut raw::RedisModuleString,
     /// key, event, id, held, charged, used, period_start, at.
     fields: [*mut raw::RedisModuleString; 8],
 }
@@ -337,9 +344,12 @@ fn words() -> Option<(Words, [*mut raw::RedisModuleString; 8])> {
         maxlen: string(b"MAXLEN"),
         approx: string(b"~"),
         auto_id: string(b"*"),
+        minus_one: string(b"-1"),
+        zero: string(b"0"),
+        empty: string(b""),
         fields,
     };
-    let all_made = [w.maxlen, w.approx, w.auto_id]
+    let all_made = [w.maxlen, w.approx, w.auto_id, w.minus_one, w.zero, w.empty]
         .iter()
         .chain(fields.iter())
         .chain(events.iter())
@@ -370,6 +380,7 @@ pub fn write(
     log: &UsageLog,
     at: i64,
     entries: &[UsageEntry],
+    held: Option<HeldStream>,
 ) -> Marks {
     let mut marks = Marks::new();
     if entries.is_empty() {
@@ -377,12 +388,92 @@ pub fn write(
     }
     let failed = WORDS
         .try_with(|cell| match cell.get_or_init(words) {
-            Some((w, events)) => xadd_all(ctx, key, log, at, entries, None, w, events, &mut marks),
+            Some((w, events)) => xadd_all(
+                ctx, key, log, at, entries, None, held, w, events, &mut marks,
+            ),
             None => entries.len(),
         })
         .unwrap_or(entries.len());
     count(ctx, entries.len(), failed);
     marks
+}
+
+/// A budget's usage stream key, checked by [`hold_stream`] and left open for the entries of
+/// the same write (one open of the key instead of two). Closed when dropped unused.
+pub struct HeldStream {
+    parts: Option<(*mut raw::RedisModuleString, OpenStream)>,
+}
+
+impl HeldStream {
+    /// The key name and handle, if this is the key of `stream` (otherwise closed).
+    fn take(mut self, stream: &[u8]) -> Option<(*mut raw::RedisModuleString, OpenStream)> {
+        let (name, _) = self.parts.as_ref()?;
+        // SAFETY: a live string made by [`string`].
+        let same = unsafe {
+            raw::RedisModule_StringPtrLen.is_some_and(|f| {
+                let mut len: usize = 0;
+                let ptr = f(*name, &mut len);
+                !ptr.is_null() && std::slice::from_raw_parts(ptr.cast::<u8>(), len) == stream
+            })
+        };
+        if same {
+            self.parts.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for HeldStream {
+    fn drop(&mut self) {
+        if let Some((name, open)) = self.parts.take() {
+            // SAFETY: the handle opened by `hold_stream`, closed once here; nothing was added.
+            unsafe { (open.api.close)(open.key) };
+            free_string(name);
+        }
+    }
+}
+
+/// [`check_stream`] for a write on one budget: refuses (WRONGTYPE, before anything is
+/// applied) a stream key of another type, and returns it open for the write's entries (None:
+/// no stream, or the server lacks the stream API; then checked as [`check_stream`] does).
+/// Only where no other handle on the stream key can be open (one budget per command: two
+/// handles on one key can crash Redis).
+pub fn hold_stream(
+    ctx: &Context,
+    budget: &Budget,
+    effects: &[Effect],
+) -> Result<Option<HeldStream>, RedisError> {
+    let Some(log) = stream_of(budget, effects) else {
+        return Ok(None);
+    };
+    let Some(api) = StreamApi::get() else {
+        return check_stream_key(ctx, &log.stream).map(|()| None);
+    };
+    let name = string(&log.stream);
+    let Some(open) = (!name.is_null()).then(|| api.open(ctx, name)).flatten() else {
+        free_string(name);
+        return check_stream_key(ctx, &log.stream).map(|()| None);
+    };
+    let held = HeldStream {
+        parts: Some((name, open)),
+    };
+    let kind = held
+        .parts
+        .as_ref()
+        // SAFETY: the handle just opened.
+        .map(|(_, o)| unsafe { (api.key_type)(o.key) });
+    if kind == Some(raw::REDISMODULE_KEYTYPE_EMPTY as c_int)
+        || kind == Some(raw::REDISMODULE_KEYTYPE_STREAM as c_int)
+    {
+        Ok(Some(held))
+    } else {
+        Err(wrong_stream_type())
+    }
+}
+
+fn wrong_stream_type() -> RedisError {
+    RedisError::Str("WRONGTYPE the usage stream key holds a value that is not a stream")
 }
 
 /// Replica and AOF replay: adds the entries the master added (`marks`, from a replicated
@@ -410,6 +501,7 @@ pub fn rebuild(
                 at,
                 entries,
                 Some(marks),
+                None,
                 w,
                 events,
                 &mut Marks::new(),
@@ -443,6 +535,7 @@ fn xadd_all(
     at: i64,
     entries: &[UsageEntry],
     given: Option<&[Logged]>,
+    held: Option<HeldStream>,
     w: &Words,
     events: &[*mut raw::RedisModuleString; 8],
     marks: &mut Marks,
@@ -462,12 +555,19 @@ fn xadd_all(
             }
         }
     }
-    // Made once per write, shared by its entries.
-    let (stream, at_s) = (string(&log.stream), int_string(at));
+    // Made once per write, shared by its entries; the stream key as the check left it open.
+    let (stream, held) = match held.and_then(|h| h.take(&log.stream)) {
+        Some((stream, open)) => (stream, Some(open)),
+        None => (string(&log.stream), None),
+    };
+    let at_s = int_string(at);
     let failed = if stream.is_null() || at_s.is_null() {
+        if let Some(open) = held {
+            open.close(ctx, stream, false);
+        }
         rows.len()
     } else if let Some(api) = StreamApi::get() {
-        match api.open(ctx, stream) {
+        match held.or_else(|| api.open(ctx, stream)) {
             Some(open) => {
                 let failed = each_row(key, at_s, &rows, w, events, |(e, m), row| {
                     match open.add(ctx, stream, log.max_len, row, m.copied()) {
@@ -577,21 +677,39 @@ fn each_row<'e>(
             Some(_) => std::ptr::null_mut(),
             None => string(e.event.as_bytes()),
         };
+        // Strings made for this entry (null where a shared one is used), freed after.
+        let num = |n: i64| match n {
+            -1 | 0 => std::ptr::null_mut(),
+            n => int_string(n),
+        };
         let per_entry = [
-            string(&e.id),
-            int_string(e.held),
-            int_string(e.charged),
-            int_string(e.used),
-            int_string(e.period_start),
+            if e.id.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                string(&e.id)
+            },
+            num(e.held),
+            num(e.charged),
+            num(e.used),
+            num(e.period_start),
         ];
+        let shared = |made: *mut raw::RedisModuleString, n: i64| match n {
+            -1 => w.minus_one,
+            0 => w.zero,
+            _ => made,
+        };
         let values = [
             key.inner,
             known.unwrap_or(made_event),
-            per_entry[0],
-            per_entry[1],
-            per_entry[2],
-            per_entry[3],
-            per_entry[4],
+            if e.id.is_empty() {
+                w.empty
+            } else {
+                per_entry[0]
+            },
+            shared(per_entry[1], e.held),
+            shared(per_entry[2], e.charged),
+            shared(per_entry[3], e.used),
+            shared(per_entry[4], e.period_start),
             at_s,
         ];
         let mut row = [std::ptr::null_mut(); 16];
@@ -611,6 +729,7 @@ fn each_row<'e>(
 }
 
 /// The stream module API (Redis ≥ 6.2, Valkey), when the server exports every function used.
+#[derive(Clone, Copy)]
 struct StreamApi {
     open: unsafe extern "C" fn(
         *mut raw::RedisModuleCtx,
@@ -640,8 +759,8 @@ struct StreamApi {
 }
 
 /// A stream key open for writing through [`StreamApi`]; [`OpenStream::close`] closes it.
-struct OpenStream<'a> {
-    api: &'a StreamApi,
+struct OpenStream {
+    api: StreamApi,
     key: *mut raw::RedisModuleKey,
     was_empty: bool,
 }
@@ -666,7 +785,7 @@ impl StreamApi {
     }
 
     /// Opens `stream` for writing (None: Redis refused).
-    fn open(&self, ctx: &Context, stream: *mut raw::RedisModuleString) -> Option<OpenStream<'_>> {
+    fn open(&self, ctx: &Context, stream: *mut raw::RedisModuleString) -> Option<OpenStream> {
         // SAFETY: a live context and key string; the handle is closed once by `close`.
         let key = unsafe { (self.open)(ctx.ctx, stream, raw::REDISMODULE_WRITE as c_int) };
         if key.is_null() {
@@ -675,14 +794,14 @@ impl StreamApi {
         // SAFETY: the handle just opened.
         let was_empty = unsafe { (self.key_type)(key) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
         Some(OpenStream {
-            api: self,
+            api: *self,
             key,
             was_empty,
         })
     }
 }
 
-impl OpenStream<'_> {
+impl OpenStream {
     /// Adds one entry (`row`: 8 field/value pairs) without running a command. On a master
     /// (`given` None) as `XADD stream MAXLEN ~ max_len * ...` would (no trim when `max_len` is
     /// 0): `RedisModule_StreamAdd` with an id the server picks, then the approximate trim; on
