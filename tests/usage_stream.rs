@@ -1100,3 +1100,71 @@ fn aofs_of_both_forms_load_and_forged_logged_tokens_are_refused() {
         1
     );
 }
+
+/// On a replica the rebuilt entries fire what the master's fire (`xadd`, `xtrim`) and touch
+/// `WATCH`; entries made in one MULTI/EXEC (ids in the same millisecond) come out identical.
+#[test]
+fn replicas_signal_rebuilt_entries_and_multi_exec_keeps_the_ids() {
+    let master = clock_server(&["--stream-node-max-entries", "2"]);
+    let replica = clock_server(&["--stream-node-max-entries", "2"]);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    ok(&mut r, &["CONFIG", "SET", "notify-keyspace-events", "Et"]);
+    let mut sub = replica.conn();
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.psubscribe("__keyevent@0__:x*").unwrap();
+    ok(
+        &mut m,
+        &[
+            "QUOTA.SET",
+            "b",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "u",
+            "STREAMMAXLEN",
+            "2",
+            "AT",
+            &at(T),
+        ],
+    );
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for i in 0..5 {
+        pipe.cmd("QUOTA.CHARGE")
+            .arg("b")
+            .arg(1)
+            .arg("AT")
+            .arg(T + 1 + i);
+    }
+    let _: Value = pipe.query(&mut m).unwrap();
+    sync(&mut m);
+    // WATCH on the replica sees the next rebuilt entry.
+    let mut w = replica.conn();
+    ok(&mut w, &["WATCH", "u"]);
+    ok(&mut m, &["QUOTA.CHARGE", "b", "1", "AT", &at(T + 9)]);
+    ok(&mut m, &["XADD", "end", "*", "f", "1"]);
+    sync(&mut m);
+    ok(&mut w, &["MULTI"]);
+    ok(&mut w, &["XLEN", "u"]);
+    assert_eq!(ok(&mut w, &["EXEC"]), Value::Nil);
+    let mut events: Vec<String> = Vec::new();
+    loop {
+        let msg = ps.get_message().unwrap();
+        let event = msg.get_channel_name().trim_start_matches("__keyevent@0__:");
+        let key: String = msg.get_payload().unwrap();
+        if key == "end" {
+            break;
+        }
+        assert_eq!(key, "u");
+        events.push(event.to_string());
+    }
+    assert_eq!(events.iter().filter(|e| *e == "xadd").count(), 6);
+    assert!(events.iter().any(|e| e == "xtrim"), "{events:?}");
+    assert_eq!(entries(&mut r, "u"), entries(&mut m, "u"));
+    assert_eq!(stream_meta(&mut r, "u"), stream_meta(&mut m, "u"));
+    assert_eq!(all_digests(&mut r), all_digests(&mut m));
+    assert_eq!(info_at(&mut r, "b", T + 9)["used"], 6);
+}
