@@ -629,6 +629,8 @@ fn a_user_may_log_only_to_streams_its_key_patterns_allow() {
 #[test]
 fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
     let s = clock_server(&[]);
+    let replica = clock_server(&[]);
+    replica.replicate_from(&s);
     let mut c = s.conn();
     let t = |d: i64| (T + d).to_string();
     // The first key logs to a stream that stays fine: only the second one's goes bad.
@@ -700,6 +702,13 @@ fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
     // A retried multi-key settle appends nothing.
     ok(&mut c, &settle);
     assert_eq!((xlen(&mut c, "{t}:u"), xlen(&mut c, "{t}:u2")), (1, 1));
+    // The replica rebuilt both entries from QUOTA.MAPPLY's LOGGED tokens.
+    sync(&mut c);
+    let mut r = replica.conn();
+    assert_eq!(all_digests(&mut r), all_digests(&mut c));
+    for stream in ["{t}:u", "{t}:u2"] {
+        assert_eq!(entries(&mut r, stream), entries(&mut c, stream));
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //!
 //! `<packed>` is one [`Packed`] string holding, for each key in order, a kind and that key's
 //! own packed line as one byte-string token: `B <len>:<at_ms EFFECT ...>` (a budget, the
-//! argument of `QUOTA.APPLY`) or `W <len>:<at_ms EFFECT ...>` (a configured window key, the
+//! argument of `QUOTA.APPLY`, with its `LOGGED` usage entries) or `W <len>:<at_ms EFFECT ...>` (a configured window key, the
 //! effect form of `QUOTA.WAPPLY`). Only keys with effects are listed. Each key's line is
 //! applied by the same functions as those commands', in key order, stopping at the first that
 //! does not apply (as a single `QUOTA.APPLY` stops at its first effect that does not).

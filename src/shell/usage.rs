@@ -21,12 +21,14 @@
 //!
 //! The entry is added on the master through the stream module API (`RedisModule_StreamAdd`
 //! with an id the server picks, then `RedisModule_StreamTrimByLength`, approximate), with the
-//! keyspace events an XADD fires, and replicated as what Redis propagates for an `XADD stream
-//! MAXLEN ~ n * ...`: `XADD stream MAXLEN = <length after the trim> <id> field value ...`,
-//! after the command's `QUOTA.APPLY` in the same MULTI/EXEC. No command is run (issue 21's
-//! cost goal: a nested XADD was ~45 % of a RESERVE+SETTLE cycle). Where the server lacks that
-//! API the XADD runs through `RedisModule_Call` with `!`, which propagates the same. Replicas
-//! and AOF replays never log themselves: they apply the master's XADD.
+//! keyspace events an XADD fires. No command is run and no XADD replicated (issue 21's cost
+//! goal): the entry's id and the stream's length after the trim go in the command's own
+//! `QUOTA.APPLY` / `QUOTA.MAPPLY` line as `LOGGED ms seq len` after the effect that logged it
+//! ([`crate::shell::effects::Logged`]), and replicas and AOF replays derive the same entry from
+//! the same effect ([`rebuild`]), add it with the master's id and trim to exactly the master's
+//! length: they never pick an id or read a clock. Lines of earlier builds carry no `LOGGED`
+//! and were followed by the XADD they replicated, which loads as it is. Where the server lacks
+//! the stream API the XADD runs through `RedisModule_Call` with `!`, which replicates it.
 
 use std::os::raw::{c_char, c_int, c_longlong};
 
@@ -520,7 +522,7 @@ fn count(ctx: &Context, n: usize, failed: usize) {
     );
     if failed > 0 {
         stats::add(&stats::USAGE_ERRORS, i64::try_from(failed).unwrap_or(0));
-        ctx.log_warning("quota: a usage stream entry could not be added (XADD failed)");
+        ctx.log_warning("quota: a usage stream entry could not be added");
     }
 }
 
@@ -610,10 +612,9 @@ std::thread_local! {
     static XADD_KNOWN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Is `XADD` a command of this server? The entries are replicated as XADDs: with XADD renamed
-/// away (`rename-command XADD ...`) `RedisModule_Replicate` would refuse them and replicas would
-/// miss entries the master has, so none are added (each counted as a failed entry, as the
-/// nested XADD failed before). Asked once (rename-command is fixed at startup):
+/// Is `XADD` a command of this server? Only asked on the fallback path (no stream API), which
+/// runs XADD: with XADD renamed away (`rename-command XADD ...`) no entry is added there (each
+/// counted as a failed entry). Asked once (rename-command is fixed at startup):
 /// `RedisModule_Call` of XADD without arguments runs nothing, failing with `ENOENT` for an
 /// unknown command and `EINVAL` (arity) for a known one.
 fn xadd_known(ctx: &Context) -> bool {
