@@ -6,19 +6,22 @@
 //! oldest first, so they are kept in one queue in that order — which is also the persisted
 //! order — and found by id through a hash table of their positions in the queue
 //! (`hashbrown::HashTable<u32>`, SipHash keyed per process: client ids cannot be chosen to
-//! collide). Each id is stored once.
+//! collide). Each id is stored once and hashed once when it arrives and once when it leaves.
 //!
-//! Memory: 56 bytes per id in the queue (the [`Id`], inline up to 24 bytes, and its entry),
-//! grown by an eighth at a time, and 5 bytes per slot of the table (at most 7/8 full, grown by
-//! doubling): 60 to 90 bytes per id with allocator rounding; see [`Remembered::allocations`].
-//! An empty set owns no heap.
+//! Memory: a 40-byte slot per id in the queue — the id inline up to 23 bytes (longer ids: one
+//! allocation of their length), the amount counted, and the bucket index with the status in
+//! its top two bits (indexes are kept within ±2^61: [`Remembered::holds_index`]) — grown by an
+//! eighth at a time, and 5 bytes per slot of the table (at most 7/8 full, grown by doubling):
+//! 46 to 57 bytes per id before allocator rounding; see [`Remembered::allocations`]. This is
+//! the layout in memory only: the persisted encoding (`src/shell/persist/window.rs`) is
+//! independent of it. An empty set owns no heap.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::num::NonZeroU8;
 
+use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::HashTable;
-
-use crate::core::book::Id;
 
 /// Where a remembered id stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +67,8 @@ impl IdStatus {
 /// One remembered id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
-    /// The bucket the amount was counted in (the window's current precision).
+    /// The bucket the amount was counted in (the window's current precision); within
+    /// ±2^61 ([`Remembered::holds_index`]).
     pub index: i64,
     /// What this id contributes to that bucket's count now, `>= 0`: the amount the grant
     /// counted while pending (what a retry must repeat), the actual once settled, 0 once rolled
@@ -73,11 +77,126 @@ pub struct Entry {
     pub status: IdStatus,
 }
 
-/// An id and its entry, in the queue.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A bucket index [`Remembered`] cannot hold (outside ±2^61), or one id too many (`u32::MAX`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unrepresentable;
+
+/// The smallest bucket index a slot holds: −2^61.
+const MIN_INDEX: i64 = -0x2000_0000_0000_0000;
+/// The largest bucket index a slot holds: 2^61 − 1.
+const MAX_INDEX: i64 = 0x1fff_ffff_ffff_ffff;
+/// The low 62 bits of a slot's `key`: the index in two's complement.
+const INDEX_MASK: u64 = 0x3fff_ffff_ffff_ffff;
+
+/// Ids up to this many bytes are stored in the slot.
+const INLINE: usize = 23;
+
+/// An id's bytes in a queue slot (24 bytes: the length byte's niche tells the variants apart).
+#[derive(Clone)]
+enum SlotId {
+    /// `len1` is the length plus one (never 0); the bytes past the length are 0.
+    Inline {
+        len1: NonZeroU8,
+        bytes: [u8; INLINE],
+    },
+    /// Longer ids: one allocation of exactly their length.
+    Heap(Box<[u8]>),
+}
+
+impl SlotId {
+    fn new(id: &[u8]) -> SlotId {
+        let mut bytes = [0u8; INLINE];
+        match (bytes.get_mut(..id.len()), u8::try_from(id.len())) {
+            (Some(head), Ok(len)) => {
+                head.copy_from_slice(id);
+                match NonZeroU8::new(len.saturating_add(1)) {
+                    Some(len1) => SlotId::Inline { len1, bytes },
+                    None => SlotId::Heap(id.into()),
+                }
+            }
+            _ => SlotId::Heap(id.into()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            SlotId::Inline { len1, bytes } => bytes
+                .get(..usize::from(len1.get().saturating_sub(1)))
+                .unwrap_or_default(),
+            SlotId::Heap(b) => b,
+        }
+    }
+
+    /// Bytes allocated on the heap for it.
+    fn heap_len(&self) -> usize {
+        match self {
+            SlotId::Inline { .. } => 0,
+            SlotId::Heap(b) => b.len(),
+        }
+    }
+}
+
+/// An id and its entry, in the queue: 40 bytes.
+#[derive(Clone)]
 struct Slot {
-    id: Id,
-    entry: Entry,
+    id: SlotId,
+    /// The entry's status code in the top two bits, its index in the low 62 (two's
+    /// complement).
+    key: u64,
+    counted: i64,
+}
+
+impl Slot {
+    fn new(id: &[u8], entry: Entry) -> Result<Slot, Unrepresentable> {
+        Ok(Slot {
+            id: SlotId::new(id),
+            key: pack(entry.index, entry.status)?,
+            counted: entry.counted,
+        })
+    }
+
+    fn index(&self) -> i64 {
+        // Sign-extends the low 62 bits.
+        (self.key.wrapping_shl(2) as i64).wrapping_shr(2)
+    }
+
+    fn entry(&self) -> Entry {
+        let status = match self.key.wrapping_shr(62) {
+            1 => IdStatus::Settled,
+            2 => IdStatus::RolledBack,
+            // 0; 3 is never packed.
+            _ => IdStatus::Pending,
+        };
+        Entry {
+            index: self.index(),
+            counted: self.counted,
+            status,
+        }
+    }
+}
+
+fn pack(index: i64, status: IdStatus) -> Result<u64, Unrepresentable> {
+    if !Remembered::holds_index(index) {
+        return Err(Unrepresentable);
+    }
+    Ok((index as u64 & INDEX_MASK) | u64::from(status.code()).wrapping_shl(62))
+}
+
+impl PartialEq for Slot {
+    fn eq(&self, other: &Self) -> bool {
+        self.id.as_bytes() == other.id.as_bytes() && self.entry() == other.entry()
+    }
+}
+
+impl Eq for Slot {}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Slot")
+            .field(&String::from_utf8_lossy(self.id.as_bytes()))
+            .field(&self.entry())
+            .finish()
+    }
 }
 
 /// The remembered ids of one window key.
@@ -93,7 +212,9 @@ pub struct Remembered {
     shift: u32,
 }
 
-/// The per-process keyed hasher (std's SipHash).
+/// The per-process keyed hasher (std's SipHash-1-3 with a random key). A faster keyed hash
+/// (foldhash, aHash) is not used: their authors do not claim resistance to an attacker who
+/// learns about the key from a long-running process's behaviour, which is what a server is.
 fn hasher() -> &'static std::collections::hash_map::RandomState {
     static STATE: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();
@@ -104,6 +225,11 @@ fn hash(id: &[u8]) -> u64 {
     hasher().hash_one(id)
 }
 
+/// The queue position a table value stands for.
+fn position_of(stored: u32, shift: u32) -> usize {
+    stored.wrapping_sub(shift) as usize
+}
+
 impl Remembered {
     /// No ids (what a window without any shares).
     pub const EMPTY: Remembered = Remembered {
@@ -111,6 +237,12 @@ impl Remembered {
         table: HashTable::new(),
         shift: 0,
     };
+
+    /// Whether a bucket index can be held (within −2^61 ..= 2^61 − 1; a window's indexes are
+    /// unix ms divided by its precision, far inside).
+    pub fn holds_index(index: i64) -> bool {
+        (MIN_INDEX..=MAX_INDEX).contains(&index)
+    }
 
     /// How many ids are remembered.
     pub fn len(&self) -> usize {
@@ -122,70 +254,89 @@ impl Remembered {
         self.slots.is_empty()
     }
 
-    /// The queue position of `id`.
-    fn position(&self, id: &[u8]) -> Option<usize> {
+    /// The queue position of `id`, whose hash is `h`.
+    fn position(&self, id: &[u8], h: u64) -> Option<usize> {
         let (slots, shift) = (&self.slots, self.shift);
         self.table
-            .find(hash(id), |&stored| {
-                let p = stored.wrapping_sub(shift) as usize;
-                slots.get(p).is_some_and(|s| s.id[..] == *id)
+            .find(h, |&stored| {
+                slots
+                    .get(position_of(stored, shift))
+                    .is_some_and(|s| s.id.as_bytes() == id)
             })
-            .map(|&stored| stored.wrapping_sub(shift) as usize)
+            .map(|&stored| position_of(stored, shift))
     }
 
     /// The entry of `id`, physically (whether its bucket is still in the window is the
     /// window's question).
-    pub fn get(&self, id: &[u8]) -> Option<&Entry> {
-        self.position(id)
+    pub fn get(&self, id: &[u8]) -> Option<Entry> {
+        self.position(id, hash(id))
             .and_then(|p| self.slots.get(p))
-            .map(|s| &s.entry)
+            .map(Slot::entry)
     }
 
     /// Inserts `id` (behind every id of an earlier bucket), or replaces its entry.
-    pub fn put(&mut self, id: &[u8], entry: Entry) {
-        if let Some(slot) = self.position(id).and_then(|p| self.slots.get_mut(p)) {
-            if slot.entry.index == entry.index {
-                slot.entry = entry;
-                return;
-            }
-        }
+    ///
+    /// # Errors
+    ///
+    /// [`Unrepresentable`] (nothing changed) for an index outside ±2^61 or a `u32::MAX`-th id.
+    pub fn put(&mut self, id: &[u8], entry: Entry) -> Result<(), Unrepresentable> {
+        let slot = Slot::new(id, entry)?;
+        let h = hash(id);
         let in_order = self
             .slots
             .back()
-            .is_none_or(|last| last.entry.index <= entry.index);
-        if in_order && self.position(id).is_none() {
-            let Ok(stored) = u32::try_from(self.slots.len()) else {
-                return;
-            };
-            if self.slots.len() == self.slots.capacity() {
-                // Grow by an eighth, not by doubling: a full queue wastes at most 1/8 (ids are
-                // the memory of a busy window key). Amortised: 8 moves per id.
-                self.slots.reserve_exact((self.slots.len() / 8).max(4));
+            .is_none_or(|last| last.index() <= entry.index);
+        let len = self.slots.len();
+        let shift = self.shift;
+        let slots = &self.slots;
+        let found = self.table.entry(
+            h,
+            |&stored| {
+                slots
+                    .get(position_of(stored, shift))
+                    .is_some_and(|s| s.id.as_bytes() == id)
+            },
+            |&stored| {
+                slots
+                    .get(position_of(stored, shift))
+                    .map_or(0, |s| hash(s.id.as_bytes()))
+            },
+        );
+        match found {
+            TableEntry::Occupied(o) => {
+                let p = position_of(*o.get(), shift);
+                if let Some(old) = self.slots.get_mut(p) {
+                    if old.index() == entry.index {
+                        old.key = slot.key;
+                        old.counted = slot.counted;
+                        return Ok(());
+                    }
+                }
             }
-            self.slots.push_back(Slot {
-                id: Id::from_slice(id),
-                entry,
-            });
-            let stored = stored.wrapping_add(self.shift);
-            let (slots, shift) = (&self.slots, self.shift);
-            self.table.insert_unique(hash(id), stored, |&s| {
-                let p = s.wrapping_sub(shift) as usize;
-                slots.get(p).map_or(0, |slot| hash(&slot.id))
-            });
-            return;
+            TableEntry::Vacant(v) if in_order => {
+                let stored = u32::try_from(len).map_err(|_| Unrepresentable)?;
+                v.insert(stored.wrapping_add(shift));
+                if self.slots.len() == self.slots.capacity() {
+                    // Grow by an eighth, not by doubling: a full queue wastes at most 1/8 (ids
+                    // are the memory of a busy window key). Amortised: 8 moves per id.
+                    self.slots.reserve_exact((len / 8).max(4));
+                }
+                self.slots.push_back(slot);
+                return Ok(());
+            }
+            TableEntry::Vacant(_) => {}
         }
         // Out of order, or an id moving to another bucket: never on the command path (ids
         // arrive in time order); rebuilt.
-        let mut all: Vec<Slot> = self.slots.drain(..).filter(|s| s.id[..] != *id).collect();
-        let at = all.partition_point(|s| s.entry.index <= entry.index);
-        all.insert(
-            at,
-            Slot {
-                id: Id::from_slice(id),
-                entry,
-            },
-        );
+        let mut all: Vec<Slot> = self
+            .slots
+            .drain(..)
+            .filter(|s| s.id.as_bytes() != id)
+            .collect();
+        let at = all.partition_point(|s| s.index() <= entry.index);
+        all.insert(at, slot);
         self.rebuild(all);
+        Ok(())
     }
 
     /// Holds exactly `slots` (in their order), with a fresh table.
@@ -198,26 +349,28 @@ impl Remembered {
                 break;
             };
             let slots = &self.slots;
-            self.table.insert_unique(hash(&slot.id), p, |&s| {
-                slots.get(s as usize).map_or(0, |slot| hash(&slot.id))
+            self.table.insert_unique(hash(slot.id.as_bytes()), p, |&s| {
+                slots
+                    .get(s as usize)
+                    .map_or(0, |slot| hash(slot.id.as_bytes()))
             });
         }
     }
 
     /// The smallest bucket index of any id.
     pub fn oldest_index(&self) -> Option<i64> {
-        self.slots.front().map(|s| s.entry.index)
+        self.slots.front().map(Slot::index)
     }
 
     /// Removes every id whose bucket index is below `index` (the oldest); returns how many.
     pub fn forget_before(&mut self, index: i64) -> usize {
         let mut n = 0usize;
-        while self.slots.front().is_some_and(|s| s.entry.index < index) {
-            let Some(front) = self.slots.front() else {
-                break;
-            };
+        while let Some(front) = self.slots.front().filter(|s| s.index() < index) {
             let stored = self.shift;
-            if let Ok(found) = self.table.find_entry(hash(&front.id), |&s| s == stored) {
+            if let Ok(found) = self
+                .table
+                .find_entry(hash(front.id.as_bytes()), |&s| s == stored)
+            {
                 found.remove();
             }
             self.slots.pop_front();
@@ -236,49 +389,61 @@ impl Remembered {
         {
             self.slots
                 .shrink_to(self.slots.len().saturating_add(self.slots.len() / 8));
-            self.table.shrink_to(self.slots.len(), |&s| {
-                let p = s.wrapping_sub(self.shift) as usize;
-                self.slots.get(p).map_or(0, |slot| hash(&slot.id))
+            let (slots, shift) = (&self.slots, self.shift);
+            self.table.shrink_to(slots.len(), |&s| {
+                slots
+                    .get(position_of(s, shift))
+                    .map_or(0, |slot| hash(slot.id.as_bytes()))
             });
         }
         n
     }
 
-    /// Moves every id to the bucket `f` maps its index to (a precision change). `f` must not
-    /// decrease the order of indexes (buckets only move later, monotonically); the queue is
-    /// re-sorted anyway.
-    pub fn remap(&mut self, f: impl Fn(i64) -> i64) {
+    /// Moves every id to the bucket `f` maps its index to (a precision change), all or
+    /// nothing. `f` should not decrease the order of indexes (buckets only move later,
+    /// monotonically); the queue is re-sorted anyway.
+    ///
+    /// # Errors
+    ///
+    /// [`Unrepresentable`] (nothing changed) if `f` maps an index outside ±2^61.
+    pub fn remap(&mut self, f: impl Fn(i64) -> i64) -> Result<(), Unrepresentable> {
+        if !self.slots.iter().all(|s| Self::holds_index(f(s.index()))) {
+            return Err(Unrepresentable);
+        }
         let mut sorted = true;
         let mut last = i64::MIN;
         for s in self.slots.iter_mut() {
-            s.entry.index = f(s.entry.index);
-            sorted &= s.entry.index >= last;
-            last = s.entry.index;
+            let e = s.entry();
+            let index = f(e.index);
+            s.key = pack(index, e.status)?;
+            sorted &= index >= last;
+            last = index;
         }
         if !sorted {
             let mut all: Vec<Slot> = self.slots.drain(..).collect();
-            all.sort_by_key(|s| s.entry.index);
+            all.sort_by_key(Slot::index);
             self.rebuild(all);
         }
+        Ok(())
     }
 
     /// The ids with their entries, oldest bucket first (the persisted order).
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &Entry)> + '_ {
-        self.slots.iter().map(|s| (&s.id[..], &s.entry))
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Entry)> + '_ {
+        self.slots.iter().map(|s| (s.id.as_bytes(), s.entry()))
     }
 
     /// The sum of what the ids count in bucket `index`.
     pub fn counted_in(&self, index: i64) -> i128 {
-        let from = self.slots.partition_point(|s| s.entry.index < index);
+        let from = self.slots.partition_point(|s| s.index() < index);
         self.slots
             .range(from..)
-            .take_while(|s| s.entry.index == index)
-            .fold(0i128, |t, s| t.saturating_add(i128::from(s.entry.counted)))
+            .take_while(|s| s.index() == index)
+            .fold(0i128, |t, s| t.saturating_add(i128::from(s.counted)))
     }
 
-    /// The heap allocations, in bytes: the queue (by capacity), the table (4 bytes and a
-    /// control byte per bucket, plus a group of control bytes), and the total of the ids
-    /// longer than 24 bytes (one allocation each).
+    /// The heap allocations, in bytes: the queue (by capacity, 40 bytes a slot), the table
+    /// (4 bytes and a control byte per bucket, plus a group of control bytes), and the total
+    /// of the ids longer than 23 bytes (one allocation each).
     pub fn allocations(&self) -> (usize, usize, usize) {
         let queue = self
             .slots
@@ -302,8 +467,7 @@ impl Remembered {
         let spilled: usize = self
             .slots
             .iter()
-            .filter(|s| s.id.spilled())
-            .map(|s| s.id.len())
+            .map(|s| s.id.heap_len())
             .fold(0usize, usize::saturating_add);
         (queue, table, spilled)
     }
@@ -345,22 +509,22 @@ mod tests {
     #[test]
     fn forgets_oldest_first_and_finds_by_id() {
         let mut r = Remembered::default();
-        r.put(b"b", entry(5, 1));
-        r.put(b"a", entry(5, 4));
-        r.put(b"c", entry(7, 2));
+        r.put(b"b", entry(5, 1)).unwrap();
+        r.put(b"a", entry(5, 4)).unwrap();
+        r.put(b"c", entry(7, 2)).unwrap();
         assert_eq!(r.oldest_index(), Some(5));
         assert_eq!(r.counted_in(5), 5);
         assert_eq!(r.counted_in(7), 2);
         assert_eq!(r.counted_in(6), 0);
         // An update in place.
-        r.put(b"a", entry(5, 0));
+        r.put(b"a", entry(5, 0)).unwrap();
         assert_eq!(r.counted_in(5), 1);
         assert_eq!(r.forget_before(6), 2);
         assert!(r.get(b"b").is_none());
         assert!(r.get(b"a").is_none());
-        assert_eq!(r.get(b"c"), Some(&entry(7, 2)));
-        r.put(b"d", entry(9, 1));
-        r.remap(|i| i / 2);
+        assert_eq!(r.get(b"c"), Some(entry(7, 2)));
+        r.put(b"d", entry(9, 1)).unwrap();
+        r.remap(|i| i / 2).unwrap();
         assert_eq!(r.counted_in(3), 2);
         assert_eq!(r.counted_in(4), 1);
         assert_eq!(r.forget_before(100), 2);
@@ -374,7 +538,8 @@ mod tests {
     fn positions_survive_popping_and_rebuilding() {
         let mut r = Remembered::default();
         for i in 0..2000i64 {
-            r.put(format!("id-{i}").as_bytes(), entry(i / 10, 1));
+            r.put(format!("id-{i}").as_bytes(), entry(i / 10, 1))
+                .unwrap();
             if i % 7 == 0 {
                 r.forget_before(i / 10 - 20);
             }
@@ -384,8 +549,8 @@ mod tests {
             let found = r.get(format!("id-{i}").as_bytes()).is_some();
             assert_eq!(found, i / 10 >= first, "{i}");
         }
-        r.put(b"early", entry(first, 3));
-        assert_eq!(r.get(b"early"), Some(&entry(first, 3)));
+        r.put(b"early", entry(first, 3)).unwrap();
+        assert_eq!(r.get(b"early"), Some(entry(first, 3)));
         assert_eq!(r.counted_in(first), 13);
         let ids: Vec<i64> = r.iter().map(|(_, e)| e.index).collect();
         assert!(ids.windows(2).all(|w| w[0] <= w[1]));
@@ -393,6 +558,77 @@ mod tests {
             let found = r.get(format!("id-{i}").as_bytes()).is_some();
             assert_eq!(found, i / 10 >= first, "{i}");
         }
+    }
+
+    /// The layout the memory figures rest on: 40 bytes a slot (the id's two variants share
+    /// 24 bytes through the length byte's niche).
+    #[test]
+    fn a_slot_is_40_bytes() {
+        assert_eq!(std::mem::size_of::<SlotId>(), 24);
+        assert_eq!(std::mem::size_of::<Slot>(), 40);
+    }
+
+    /// Every status and index at the edges of the range, and ids around the inline length,
+    /// come back as they went in; the heap holds exactly the long ids' bytes.
+    #[test]
+    fn entries_and_ids_round_trip() {
+        let mut r = Remembered::default();
+        let mut expected = Vec::new();
+        let indexes = [MIN_INDEX, -1, 0, 1, 1 << 40, MAX_INDEX];
+        for (n, &index) in indexes.iter().enumerate() {
+            for (k, status) in [IdStatus::Pending, IdStatus::Settled, IdStatus::RolledBack]
+                .into_iter()
+                .enumerate()
+            {
+                let len = [0usize, 1, 22, 23, 24, 200][(n + k) % 6];
+                let id: Vec<u8> = (0..len).map(|i| (i * 7 + n * 3 + k) as u8).collect();
+                let id = [id, format!("#{n}.{k}").into_bytes()].concat();
+                let e = Entry {
+                    index,
+                    counted: [0, 1, i64::MAX][k],
+                    status,
+                };
+                r.put(&id, e).unwrap();
+                expected.push((id, e));
+            }
+        }
+        for (id, e) in &expected {
+            assert_eq!(r.get(id), Some(*e), "{id:?}");
+        }
+        let listed: Vec<(Vec<u8>, Entry)> = r.iter().map(|(id, e)| (id.to_vec(), e)).collect();
+        assert_eq!(listed, expected);
+        let long: usize = expected
+            .iter()
+            .map(|(id, _)| id.len())
+            .filter(|&l| l > INLINE)
+            .sum();
+        assert_eq!(r.allocations().2, long);
+        assert!(r.get(b"").is_none());
+        r.put(b"", entry(MAX_INDEX, 4)).unwrap();
+        assert_eq!(r.get(b""), Some(entry(MAX_INDEX, 4)));
+    }
+
+    /// An index outside ±2^61 is refused and changes nothing; so is a remap to one.
+    #[test]
+    fn unrepresentable_indexes_are_refused() {
+        let mut r = Remembered::default();
+        r.put(b"a", entry(10, 1)).unwrap();
+        let before = r.clone();
+        for index in [i64::MIN, MIN_INDEX - 1, MAX_INDEX + 1, i64::MAX] {
+            assert_eq!(r.put(b"b", entry(index, 1)), Err(Unrepresentable));
+            assert_eq!(r.put(b"a", entry(index, 1)), Err(Unrepresentable));
+            assert_eq!(r, before);
+        }
+        r.put(b"b", entry(20, 1)).unwrap();
+        let before = r.clone();
+        assert_eq!(
+            r.remap(|i| if i == 20 { MAX_INDEX + 1 } else { i }),
+            Err(Unrepresentable)
+        );
+        assert_eq!(r, before);
+        r.remap(|i| i - 100).unwrap();
+        assert_eq!(r.oldest_index(), Some(-90));
+        assert_eq!(r.get(b"b"), Some(entry(-80, 1)));
     }
 
     #[test]

@@ -964,6 +964,24 @@ impl Window {
         let horizon_ms = self.next_horizon(params);
         let budget = max_len(horizon_ms, params.precision_ms);
         let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
+        // The ids follow their buckets to a new precision (the rule of `rebucketed`).
+        let remap_id = |index: i64| {
+            let at = bucket_last(index, old_precision).min(old_last);
+            bucket_of(at, p).unwrap_or(index)
+        };
+        // What the ids can hold is checked before anything changes (a window's indexes are
+        // far inside it; only a forged value could be outside).
+        if id.is_some() && !Remembered::holds_index(counted_at) {
+            return Err(WindowError::Overflow);
+        }
+        if !same_precision
+            && !self
+                .remembered()
+                .iter()
+                .all(|(_, e)| Remembered::holds_index(remap_id(e.index)))
+        {
+            return Err(WindowError::Overflow);
+        }
         match self.rebucketed(params.precision_ms)? {
             Some(converted) => {
                 let plan = plan(Held::converted(&converted), p, h, now, c)?;
@@ -988,12 +1006,10 @@ impl Window {
         // Keep the heap proportional to what is held after a shrink or conversion.
         self.buckets.trim();
         if !same_precision && !self.remembered().is_empty() {
-            // The ids follow their buckets to the new precision (the rule of `rebucketed`).
-            let p = params.precision_ms;
-            self.ids_mut().remap(|index| {
-                let at = bucket_last(index, old_precision).min(old_last);
-                bucket_of(at, p).unwrap_or(index)
-            });
+            // Checked above: cannot fail.
+            self.ids_mut()
+                .remap(remap_id)
+                .map_err(|_| WindowError::Overflow)?;
         }
         self.window_ms = params.window_ms;
         self.precision_ms = params.precision_ms;
@@ -1001,14 +1017,17 @@ impl Window {
         self.last_ms = now;
         self.forget_stale(now);
         if let Some(id) = id {
-            self.ids_mut().put(
-                id,
-                Entry {
-                    index: counted_at,
-                    counted: params.cost,
-                    status: IdStatus::Pending,
-                },
-            );
+            // Its index was checked above; a `u32::MAX`-th id is refused by `max_ids` first.
+            self.ids_mut()
+                .put(
+                    id,
+                    Entry {
+                        index: counted_at,
+                        counted: params.cost,
+                        status: IdStatus::Pending,
+                    },
+                )
+                .map_err(|_| WindowError::Overflow)?;
         }
         if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
             // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
@@ -1094,7 +1113,6 @@ impl Window {
         self.remembered()
             .get(id)
             .filter(|e| e.index >= self.first_live_index(now))
-            .copied()
     }
 
     /// Unix ms at which the oldest remembered id's bucket leaves the window (the sweeper's
@@ -1317,18 +1335,21 @@ impl Window {
         }
         let delta = to.checked_sub(e.counted).ok_or(WindowError::Overflow)?;
         self.buckets.adjust(e.index, delta)?;
-        self.ids_mut().put(
-            id,
-            Entry {
-                counted: to,
-                status: if actual.is_some() {
-                    IdStatus::Settled
-                } else {
-                    IdStatus::RolledBack
+        // The same id in the same bucket: replaced in place, cannot fail.
+        self.ids_mut()
+            .put(
+                id,
+                Entry {
+                    counted: to,
+                    status: if actual.is_some() {
+                        IdStatus::Settled
+                    } else {
+                        IdStatus::RolledBack
+                    },
+                    ..e
                 },
-                ..e
-            },
-        );
+            )
+            .map_err(|_| WindowError::Overflow)?;
         self.forget_stale(self.effective_now(at_ms));
         Ok(())
     }
@@ -2758,7 +2779,7 @@ mod tests {
         w.validate().unwrap();
         let with = |entry: Entry| {
             let mut ids = Remembered::default();
-            ids.put(b"a", entry);
+            ids.put(b"a", entry).unwrap();
             w.clone().with_extras(w.config().copied(), ids)
         };
         let ok = Entry {

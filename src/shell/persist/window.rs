@@ -93,7 +93,8 @@ fn decode_v2(bytes: &[u8]) -> Result<Window, DecodeError> {
                 counted,
                 status,
             },
-        );
+        )
+        .map_err(|_| DecodeError::invalid("remembered id bucket index"))?;
         previous = Some(index);
     }
     let w = v2.window.with_extras(config, ids);
