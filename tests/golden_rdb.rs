@@ -457,6 +457,14 @@ fn window_encoding_v2_loads_with_its_configuration_and_ids() {
         ok(&mut f, &args);
     }
     assert_eq!(all_digests(&mut c), all_digests(&mut f));
+    // And saves again to the same bytes (DUMP is a key's RDB serialization): the in-memory
+    // layout of the remembered ids is not the encoding.
+    for k in ["b", "plain", "rpm", "tpm"] {
+        let dump = |con: &mut redis::Connection| -> Vec<u8> {
+            redis::cmd("DUMP").arg(k).query(con).unwrap()
+        };
+        assert_eq!(dump(&mut c), dump(&mut f), "{k}");
+    }
     let t = |d: i64| (4_102_444_800_000i64 + d).to_string();
     assert_eq!(
         info_fields(&mut c, "tpm", &t(2500)),

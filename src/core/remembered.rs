@@ -6,7 +6,9 @@
 //! oldest first, so they are kept in one queue in that order — which is also the persisted
 //! order — and found by id through a hash table of their positions in the queue
 //! (`hashbrown::HashTable<u32>`, SipHash keyed per process: client ids cannot be chosen to
-//! collide). Each id is stored once and hashed once when it arrives and once when it leaves.
+//! collide). Each id is stored once; it is hashed when it is looked up or arrives (the last
+//! id hashed is memoised: a multi-key command looks one id up in several keys) and when it
+//! leaves.
 //!
 //! Memory: a 40-byte slot per id in the queue — the id inline up to 23 bytes (longer ids: one
 //! allocation of their length), the amount counted, and the bucket index with the status in
@@ -17,7 +19,7 @@
 //! independent of it. An empty set owns no heap.
 
 use std::collections::VecDeque;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroU8;
 
 use hashbrown::hash_table::Entry as TableEntry;
@@ -221,8 +223,52 @@ fn hasher() -> &'static std::collections::hash_map::RandomState {
     STATE.get_or_init(std::collections::hash_map::RandomState::new)
 }
 
+/// SipHash of the id's bytes (no length prefix: SipHash's last block holds the length).
+fn hash_uncached(id: &[u8]) -> u64 {
+    let mut h = hasher().build_hasher();
+    h.write(id);
+    h.finish()
+}
+
+/// Ids up to this long are memoised by [`hash`].
+const MEMO_LEN: usize = 64;
+
+/// The last id [`hash`] hashed and its hash: one multi-key command looks the same id up in
+/// each of its window keys, at planning and again at applying (up to 6 lookups of one id for
+/// a request with two windows). A pure function's cache, so it is per thread.
+struct Memo {
+    len: usize,
+    bytes: [u8; MEMO_LEN],
+    hash: u64,
+}
+
+thread_local! {
+    static MEMO: std::cell::RefCell<Memo> = const {
+        std::cell::RefCell::new(Memo {
+            len: usize::MAX,
+            bytes: [0; MEMO_LEN],
+            hash: 0,
+        })
+    };
+}
+
+/// The hash of an id looked up or inserted (memoised: see [`Memo`]).
 fn hash(id: &[u8]) -> u64 {
-    hasher().hash_one(id)
+    MEMO.with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else {
+            return hash_uncached(id);
+        };
+        if m.len == id.len() && m.bytes.get(..id.len()) == Some(id) {
+            return m.hash;
+        }
+        let h = hash_uncached(id);
+        if let Some(to) = m.bytes.get_mut(..id.len()) {
+            to.copy_from_slice(id);
+            m.len = id.len();
+            m.hash = h;
+        }
+        h
+    })
 }
 
 /// The queue position a table value stands for.
@@ -299,7 +345,7 @@ impl Remembered {
             |&stored| {
                 slots
                     .get(position_of(stored, shift))
-                    .map_or(0, |s| hash(s.id.as_bytes()))
+                    .map_or(0, |s| hash_uncached(s.id.as_bytes()))
             },
         );
         match found {
@@ -349,11 +395,12 @@ impl Remembered {
                 break;
             };
             let slots = &self.slots;
-            self.table.insert_unique(hash(slot.id.as_bytes()), p, |&s| {
-                slots
-                    .get(s as usize)
-                    .map_or(0, |slot| hash(slot.id.as_bytes()))
-            });
+            self.table
+                .insert_unique(hash_uncached(slot.id.as_bytes()), p, |&s| {
+                    slots
+                        .get(s as usize)
+                        .map_or(0, |slot| hash_uncached(slot.id.as_bytes()))
+                });
         }
     }
 
@@ -369,7 +416,7 @@ impl Remembered {
             let stored = self.shift;
             if let Ok(found) = self
                 .table
-                .find_entry(hash(front.id.as_bytes()), |&s| s == stored)
+                .find_entry(hash_uncached(front.id.as_bytes()), |&s| s == stored)
             {
                 found.remove();
             }
@@ -393,7 +440,7 @@ impl Remembered {
             self.table.shrink_to(slots.len(), |&s| {
                 slots
                     .get(position_of(s, shift))
-                    .map_or(0, |slot| hash(slot.id.as_bytes()))
+                    .map_or(0, |slot| hash_uncached(slot.id.as_bytes()))
             });
         }
         n
@@ -629,6 +676,21 @@ mod tests {
         r.remap(|i| i - 100).unwrap();
         assert_eq!(r.oldest_index(), Some(-90));
         assert_eq!(r.get(b"b"), Some(entry(-80, 1)));
+    }
+
+    /// The memo answers what SipHash answers, whichever ids come in turn (short, empty, longer
+    /// than the memo, one a prefix of another).
+    #[test]
+    fn memoised_hashes_are_the_hashes() {
+        let long = vec![7u8; MEMO_LEN + 1];
+        let ids: [&[u8]; 6] = [b"a", b"", b"ab", b"a", &long, &long[..MEMO_LEN]];
+        for _ in 0..3 {
+            for id in ids {
+                assert_eq!(hash(id), hash_uncached(id));
+                assert_eq!(hash(id), hash_uncached(id));
+            }
+        }
+        assert_ne!(hash(b"a"), hash(b"b"));
     }
 
     #[test]

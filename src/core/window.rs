@@ -927,7 +927,7 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
     ) -> Result<WindowDecision, WindowError> {
-        self.record_inner(params, now_ms, None, None)
+        self.record_inner(params, now_ms, None)
     }
 
     /// [`Window::record`] of a call that `checked` (this window's [`Window::check`] with the
@@ -945,7 +945,7 @@ impl Window {
         now_ms: i64,
         checked: &WindowDecision,
     ) -> Result<WindowDecision, WindowError> {
-        self.record_inner(params, now_ms, Some(checked), None)
+        self.record_inner(params, now_ms, Some(checked))
     }
 
     fn record_inner(
@@ -953,8 +953,38 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
         checked: Option<&WindowDecision>,
-        id: Option<&[u8]>,
     ) -> Result<WindowDecision, WindowError> {
+        let (now, same_precision) = self.record_state(params, now_ms, None)?;
+        if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
+            // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
+            // bucket — the cost's — is the last to leave the window.
+            let exit = bucket_last(
+                bucket_of(i128::from(now), params.precision_ms)?,
+                params.precision_ms,
+            )
+            .saturating_add(i128::from(params.window_ms));
+            return Ok(WindowDecision {
+                allowed: true,
+                remaining: checked.remaining.saturating_sub(params.cost).max(0),
+                retry_after_ms: 0,
+                reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
+            });
+        }
+        let ask = Ask {
+            recorded: true,
+            ..Ask::new(params, now, now_ms)
+        };
+        Ok(decide_held(&self.buckets, &ask))
+    }
+
+    /// The state change of a record, all or nothing, without working out a decision (what
+    /// [`Window::apply`] needs): the effective now and whether the precision was unchanged.
+    fn record_state(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+        id: Option<&[u8]>,
+    ) -> Result<(i64, bool), WindowError> {
         params.validate()?;
         // Taken before the record changes the precision.
         let same_precision = params.precision_ms == self.precision_ms;
@@ -1029,26 +1059,7 @@ impl Window {
                 )
                 .map_err(|_| WindowError::Overflow)?;
         }
-        if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
-            // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
-            // bucket — the cost's — is the last to leave the window.
-            let exit = bucket_last(
-                bucket_of(i128::from(now), params.precision_ms)?,
-                params.precision_ms,
-            )
-            .saturating_add(i128::from(params.window_ms));
-            return Ok(WindowDecision {
-                allowed: true,
-                remaining: checked.remaining.saturating_sub(params.cost).max(0),
-                retry_after_ms: 0,
-                reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
-            });
-        }
-        let ask = Ask {
-            recorded: true,
-            ..Ask::new(params, now, now_ms)
-        };
-        Ok(decide_held(&self.buckets, &ask))
+        Ok((now, same_precision))
     }
 
     /// Window of the last recorded call, ms.
@@ -1297,7 +1308,7 @@ impl Window {
         match effect {
             WindowEffect::Configure(cfg) => {
                 let params = cfg.params(0);
-                self.record_inner(&params, at_ms, None, None)?;
+                self.record_state(&params, at_ms, None)?;
                 self.extras_mut().config = Some(*cfg);
             }
             WindowEffect::Count {
@@ -1312,7 +1323,7 @@ impl Window {
                     precision_ms: *precision_ms,
                     cost: *cost,
                 };
-                self.record_inner(&params, at_ms, None, id.as_deref())?;
+                self.record_state(&params, at_ms, id.as_deref())?;
             }
             WindowEffect::Settle { id, actual } => self.finish_id(at_ms, id, Some(*actual))?,
             WindowEffect::Rollback { id } => self.finish_id(at_ms, id, None)?,
