@@ -214,6 +214,27 @@ pub struct Remembered {
     shift: u32,
 }
 
+/// The capacity a full queue of `len` slots grows to: by an eighth (at least 4), not by
+/// doubling (ids are the memory of a busy window key; amortised: 8 moves per id), then up to
+/// what the allocator's size class of those bytes holds anyway (jemalloc, Redis's allocator:
+/// four classes per doubling above 128 bytes, as `crate::shell::memory::alloc_size`), so that
+/// no rounding is wasted.
+fn grown_capacity(len: usize) -> usize {
+    const SLOT: usize = std::mem::size_of::<Slot>();
+    let want = len.saturating_add((len / 8).max(4));
+    let bytes = want.saturating_mul(SLOT);
+    if bytes <= 128 {
+        return want;
+    }
+    // bytes in (2^k, 2^(k+1)]: classes are 2^(k-2) apart.
+    let k = usize::BITS
+        .saturating_sub(bytes.saturating_sub(1).leading_zeros())
+        .saturating_sub(1);
+    let step = 1usize.checked_shl(k.saturating_sub(2)).unwrap_or(1);
+    let class = bytes.div_ceil(step).saturating_mul(step);
+    (class / SLOT).max(want)
+}
+
 /// The per-process keyed hasher (std's SipHash-1-3 with a random key). A faster keyed hash
 /// (foldhash, aHash) is not used: their authors do not claim resistance to an attacker who
 /// learns about the key from a long-running process's behaviour, which is what a server is.
@@ -363,9 +384,8 @@ impl Remembered {
                 let stored = u32::try_from(len).map_err(|_| Unrepresentable)?;
                 v.insert(stored.wrapping_add(shift));
                 if self.slots.len() == self.slots.capacity() {
-                    // Grow by an eighth, not by doubling: a full queue wastes at most 1/8 (ids
-                    // are the memory of a busy window key). Amortised: 8 moves per id.
-                    self.slots.reserve_exact((len / 8).max(4));
+                    self.slots
+                        .reserve_exact(grown_capacity(len).saturating_sub(len));
                 }
                 self.slots.push_back(slot);
                 return Ok(());
@@ -490,8 +510,10 @@ impl Remembered {
 
     /// The heap allocations, in bytes: the queue (by capacity, 40 bytes a slot), the table
     /// (4 bytes and a control byte per bucket, plus a group of control bytes), and the total
-    /// of the ids longer than 23 bytes (one allocation each).
-    pub fn allocations(&self) -> (usize, usize, usize) {
+    /// of the ids longer than 23 bytes (one allocation each, each rounded by `size_class`: the
+    /// allocator's usable size of a request, for MEMORY USAGE; the caller rounds the queue and
+    /// table).
+    pub fn allocations(&self, size_class: impl Fn(usize) -> usize) -> (usize, usize, usize) {
         let queue = self
             .slots
             .capacity()
@@ -515,13 +537,15 @@ impl Remembered {
             .slots
             .iter()
             .map(|s| s.id.heap_len())
+            .filter(|&n| n > 0)
+            .map(size_class)
             .fold(0usize, usize::saturating_add);
         (queue, table, spilled)
     }
 
-    /// Heap bytes (the sum of [`Remembered::allocations`]).
+    /// Heap bytes requested (the sum of [`Remembered::allocations`], unrounded).
     pub fn heap_bytes(&self) -> usize {
-        let (queue, table, spilled) = self.allocations();
+        let (queue, table, spilled) = self.allocations(|n| n);
         queue.saturating_add(table).saturating_add(spilled)
     }
 }
@@ -649,7 +673,14 @@ mod tests {
             .map(|(id, _)| id.len())
             .filter(|&l| l > INLINE)
             .sum();
-        assert_eq!(r.allocations().2, long);
+        assert_eq!(r.allocations(|n| n).2, long);
+        let rounded: usize = expected
+            .iter()
+            .map(|(id, _)| id.len())
+            .filter(|&l| l > INLINE)
+            .map(crate::shell::memory::alloc_size)
+            .sum();
+        assert_eq!(r.allocations(crate::shell::memory::alloc_size).2, rounded);
         assert!(r.get(b"").is_none());
         r.put(b"", entry(MAX_INDEX, 4)).unwrap();
         assert_eq!(r.get(b""), Some(entry(MAX_INDEX, 4)));
@@ -691,6 +722,23 @@ mod tests {
             }
         }
         assert_ne!(hash(b"a"), hash(b"b"));
+    }
+
+    /// A grown queue takes at least an eighth more and fills its size class.
+    #[test]
+    fn growth_fills_the_size_class() {
+        let slot = std::mem::size_of::<Slot>();
+        for len in (0..5000).chain([100_000, 1 << 20]) {
+            let cap = grown_capacity(len);
+            assert!(cap >= len + (len / 8).max(4), "{len}");
+            let class = crate::shell::memory::alloc_size(cap * slot);
+            if cap * slot > 128 {
+                assert!(
+                    class - cap * slot < slot,
+                    "{len}: {cap} slots in {class} bytes"
+                );
+            }
+        }
     }
 
     #[test]

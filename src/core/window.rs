@@ -1091,10 +1091,14 @@ impl Window {
     }
 
     /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
-    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
-    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids, each long
+    /// id rounded by `size_class`).
+    pub fn extras_allocations(
+        &self,
+        size_class: impl Fn(usize) -> usize,
+    ) -> (usize, (usize, usize, usize)) {
         match &self.extras {
-            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations(size_class)),
             None => (0, (0, 0, 0)),
         }
     }
