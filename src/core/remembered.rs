@@ -13,9 +13,10 @@
 //! Memory: a 40-byte slot per id in the queue — the id inline up to 23 bytes (longer ids: one
 //! allocation of their length), the amount counted, and the bucket index with the status in
 //! its top two bits (indexes are kept within ±2^61: [`Remembered::holds_index`]) — grown by an
-//! eighth at a time, and 5 bytes per slot of the table (at most 7/8 full, grown by doubling):
-//! 46 to 57 bytes per id before allocator rounding; see [`Remembered::allocations`]. This is
-//! the layout in memory only: the persisted encoding (`src/shell/persist/window.rs`) is
+//! eighth at a time and then to fill the allocator's size class, and 5 bytes per slot of the
+//! table (at most 7/8 full, grown by doubling): 46 to 68 bytes per id, typically 50 to 55
+//! (issue 19 measured 94 with 56-byte slots); see [`Remembered::allocations`]. This is the
+//! layout in memory only: the persisted encoding (`src/shell/persist/window.rs`) is
 //! independent of it. An empty set owns no heap.
 
 use std::collections::VecDeque;
