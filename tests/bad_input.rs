@@ -370,6 +370,58 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "PRECISION"],
             format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_USAGE}"),
         ),
+        // WINDOW with a budget option, after or before it: a key is one or the other.
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "LIMIT", "5"],
+            format!(
+                "ERR syntax error near 'LIMIT': WINDOW cannot be combined with budget options \
+                 such as LIMIT (a key is a window or a budget). {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "NX", "ttl", "5"],
+            format!(
+                "ERR syntax error near 'ttl': WINDOW cannot be combined with budget options \
+                 such as TTL (a key is a window or a budget). {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "LIMIT", "5", "WINDOW", "10", "1000"],
+            format!(
+                "ERR syntax error near 'WINDOW': WINDOW cannot be combined with budget options \
+                 such as LIMIT (a key is a window or a budget). {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "NX", "window", "10", "1000"],
+            format!("ERR syntax error near 'window': WINDOW must come right after the key. {SET_USAGE}"),
+        ),
+        // One amount (actual) too many: a number where an option was expected.
+        (
+            vec!["QUOTA.MRESERVE", "2", "b:1", "b:2", "1", "2", "3"],
+            format!(
+                "ERR syntax error near '3': expected 2 amounts, one per key (numkeys is 2), got \
+                 more. {MRESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "ID", "x", "6"],
+            format!(
+                "ERR syntax error near '6': expected 1 amount, one per key (numkeys is 1), got \
+                 more. {MRESERVE_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "b:1", "5", "BOGUS"],
+            format!("ERR syntax error near 'BOGUS': QUOTA.MRESERVE takes no such option. {MRESERVE_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.MSETTLE", "1", "b:1", "p", "5", "ELAPSED"],
+            "ERR syntax error near 'ELAPSED': expected 1 actual, one per key (numkeys is 1), \
+             got more. Usage: QUOTA.MSETTLE numkeys key [key ...] id actual|ELAPSED \
+             [actual|ELAPSED ...] [AT unix_ms]"
+                .into(),
+        ),
         (
             vec!["QUOTA.WINDOW", "w", "COST", "x"],
             format!("ERR value of COST is not an integer or out of range: got 'x'. {WINDOW_USAGE}"),
@@ -427,7 +479,117 @@ fn multi_key_errors_name_the_key_at_fault() {
         "NOQUOTA no window configuration at this key (create it with QUOTA.SET key WINDOW \
          limit window_ms) (key 'w')"
     );
-    // Nothing was taken on the budget listed first.
+    // The id's errors name the key too: the first listed key at fault.
+    q(&mut c, &["QUOTA.SET", "b2", "LIMIT", "10"]).unwrap();
+    q(&mut c, &["QUOTA.RESERVE", "b2", "1", "ID", "r"]).unwrap();
+    q(&mut c, &["QUOTA.SETTLE", "b2", "r", "1"]).unwrap();
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "b2", "zz", "1", "1"]),
+        "NORESERVATION no reservation with id 'zz' (key 'b')"
+    );
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "b2", "r", "1", "1"]),
+        "NORESERVATION no reservation with id 'r' (key 'b')"
+    );
+    for cmd in [
+        vec!["QUOTA.MROLLBACK", "1", "b2", "r"],
+        vec!["QUOTA.MEXTEND", "1", "b2", "r", "1000"],
+    ] {
+        let line = error_line(&mut c, &cmd);
+        assert!(
+            line.starts_with("CONFLICT id 'r' is settled: ") && line.ends_with(" (key 'b2')"),
+            "{cmd:?}: {line}"
+        );
+    }
+    // A retry that lists a key the reservation did not: that key is named.
+    q(&mut c, &["QUOTA.MRESERVE", "1", "b", "1", "ID", "m"]).unwrap();
+    let b_before = digest(&mut c, "b");
+    assert_eq!(
+        error_line(
+            &mut c,
+            &["QUOTA.MRESERVE", "2", "b", "w2", "1", "1", "ID", "m"]
+        ),
+        "NOQUOTA no budget or window at a listed key (create it with QUOTA.SET) (key 'w2')"
+    );
+    q(&mut c, &["QUOTA.SET", "w2", "WINDOW", "5", "1000"]).unwrap();
+    let w2_before = digest(&mut c, "w2");
+    assert_eq!(
+        error_line(
+            &mut c,
+            &["QUOTA.MRESERVE", "2", "b", "w2", "1", "1", "ID", "m"]
+        ),
+        "CONFLICT id 'm' is pending on other listed keys: a retry must name the same keys and \
+         amounts (key 'w2')"
+    );
+    assert_eq!(
+        error_line(
+            &mut c,
+            &["QUOTA.MRESERVE", "2", "w2", "b", "1", "2", "ID", "m"]
+        ),
+        "CONFLICT id 'm' is pending: pending with a different amount (key 'b')"
+    );
+    assert_eq!(digest(&mut c, "b"), b_before);
+    assert_eq!(digest(&mut c, "w2"), w2_before);
+    // A budget whose usage stream key holds another type: the budget is named.
+    q(&mut c, &["QUOTA.SET", "b3", "LIMIT", "10", "STREAM", "st"]).unwrap();
+    q(
+        &mut c,
+        &["QUOTA.MRESERVE", "2", "b", "b3", "1", "1", "ID", "u"],
+    )
+    .unwrap();
+    let _: () = redis::cmd("SET").arg("st").arg("x").query(&mut c).unwrap();
+    let b3_before = digest(&mut c, "b3");
+    assert_eq!(
+        error_line(&mut c, &["QUOTA.MSETTLE", "2", "b", "b3", "u", "1", "1"]),
+        "WRONGTYPE the usage stream key holds a value that is not a stream (key 'b3')"
+    );
+    assert_eq!(digest(&mut c, "b3"), b3_before);
+    // Nothing was taken on the budget listed first (but the reservations "m" and "u").
     let info: Vec<Value> = redis::cmd("QUOTA.INFO").arg("b").query(&mut c).unwrap();
-    assert_eq!(info[5], Value::Int(0), "reserved");
+    assert_eq!(info[5], Value::Int(2), "reserved");
+}
+
+/// QUOTA.WINDOW near i64::MAX (commands.md, QUOTA.WINDOW errors): a cost that does not fit
+/// the limit is a denial, even where counted + cost would leave i64; `ERR overflow` only when
+/// what the key holds — costs kept from before `window_ms` was shortened, until they leave the
+/// longer horizon — plus an admitted cost would, and it changes nothing.
+#[test]
+fn window_costs_near_i64_max_are_denied_and_overflow_only_beyond_the_window() {
+    let s = Server::start_with_module_args(&[], &["test-clock", "yes"]);
+    let mut c = s.conn();
+    let max = i64::MAX.to_string();
+    let t0: i64 = 4_000_000_000_000;
+    let at = |dt: i64| (t0 + dt).to_string();
+    let window = |c: &mut redis::Connection, window_ms: &str, cost: &str, dt: i64| {
+        q(
+            c,
+            &[
+                "QUOTA.WINDOW",
+                "w",
+                &max,
+                window_ms,
+                "COST",
+                cost,
+                "AT",
+                &at(dt),
+            ],
+        )
+    };
+    let r = items(&window(&mut c, "10000", &max, 0).unwrap());
+    assert_eq!((int(&r[0]), int(&r[1])), (1, 0));
+    // Counted (i64::MAX) + 1 would leave i64: denied, not an error.
+    let r = items(&window(&mut c, "10000", "1", 0).unwrap());
+    assert_eq!(int(&r[0]), 0, "{r:?}");
+    // A shorter window admits the cost (the first one left it), but the key still holds the
+    // first cost for the longer horizon: the sum would leave i64.
+    let before = digest(&mut c, "w");
+    let e = window(&mut c, "1000", &max, 3000).unwrap_err();
+    assert_eq!(
+        format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or("")),
+        "ERR overflow"
+    );
+    assert_eq!(digest(&mut c, "w"), before);
+    // Once the first cost has left the horizon, the same call is admitted.
+    let r = items(&window(&mut c, "1000", &max, 10_500).unwrap());
+    assert_eq!(int(&r[0]), 1, "{r:?}");
 }

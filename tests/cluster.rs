@@ -820,6 +820,20 @@ fn multi_key_commands_get_crossslot_across_slots_and_work_under_one_hash_tag() {
             assert_eq!(code, "CROSSSLOT", "{args:?}: {msg}");
         }
     }
+    // A wrong number of arguments (numkeys above the keys given, an amount missing) declares
+    // no keys, so the command itself answers with its arity error, not a CROSSSLOT or MOVED
+    // for an amount or id taken as a key.
+    for args in [
+        vec!["QUOTA.MRESERVE", "3", &a, "10", "10"],
+        vec!["QUOTA.MRESERVE", "2", &a, &a2, "10"],
+        vec!["QUOTA.MSETTLE", "2", &a, "r", "1", "1"],
+        vec!["QUOTA.MROLLBACK", "3", &a, "r"],
+        vec!["QUOTA.MEXTEND", "2", &a, "r", "1000"],
+    ] {
+        let (code, msg) = gerr(&mut m0, &args);
+        assert_eq!(code, "ERR", "{args:?}: {msg}");
+        assert!(msg.contains("wrong number of arguments"), "{args:?}: {msg}");
+    }
     let after: Vec<_> = [&a, &b, &a2].iter().map(|k| ginfo(&mut c, k)).collect();
     assert_eq!(after, before, "a refused command changed something");
 

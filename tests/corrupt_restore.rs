@@ -271,6 +271,7 @@ fn corrupt_restore_payloads_are_refused_without_crash_or_huge_allocation() {
     let baseline = info_field(&mut c, "memory", "used_memory");
     let (mut attempts, mut refused, mut accepted) = (0usize, 0usize, 0usize);
     let mut messages = std::collections::BTreeSet::new();
+    let started = std::time::Instant::now();
     for key in &keys {
         let payload: Vec<u8> = redis::cmd("DUMP").arg(*key).query(&mut c).unwrap();
         assert!(!payload.is_empty(), "{key}: no such key");
@@ -336,6 +337,17 @@ fn corrupt_restore_payloads_are_refused_without_crash_or_huge_allocation() {
     assert!(
         log.contains("rq-window: refusing value"),
         "no window refusal logged"
+    );
+    // One refusal warning per second and type at most, however many RESTOREs are refused
+    // (each still got its error reply above).
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains(": refusing value"))
+        .count();
+    let seconds = usize::try_from(started.elapsed().as_secs()).unwrap();
+    assert!(
+        warnings <= 2 * (seconds + 2),
+        "{warnings} refusal warnings in {seconds} s for {refused} refusals"
     );
     assert!(attempts > 5_000, "{attempts} attempts");
     assert!(refused > attempts / 2, "{refused} of {attempts} refused");

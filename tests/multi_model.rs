@@ -26,7 +26,7 @@ use proptest::prelude::*;
 use redis_quota::core::error::LedgerError;
 use redis_quota::core::ledger::{Budget, Policy, Settings};
 use redis_quota::core::multi::{
-    plan_mreserve, plan_mrollback, plan_msettle, KeyEffects, KeyStatus, Limit, MReserve,
+    plan_mreserve, plan_mrollback, plan_msettle, KeyEffects, KeyError, KeyStatus, Limit, MReserve,
 };
 use redis_quota::core::period::Period;
 use redis_quota::core::remembered::IdStatus;
@@ -484,28 +484,33 @@ impl Run {
                     (_, None) => b"unused".to_vec(),
                 };
                 // The model, key by key in order: the first error wins, then a mix of retries
-                // and new keys is a CONFLICT, then a retry, then the first denial.
+                // and new keys is a CONFLICT (at the first new key), then a retry, then the
+                // first denial. An error names the key it is about.
                 let expects: Vec<Expect> = pick
                     .iter()
                     .zip(amounts)
                     .map(|(&i, &a)| expect_reserve(&self.model[i], &the_id, a, now))
                     .collect();
                 let retried = expects.iter().filter(|e| **e == Expect::Retried).count();
-                let want: Result<&str, &str> = if let Some(Expect::Err(c)) =
-                    expects.iter().find(|e| matches!(e, Expect::Err(_)))
-                {
-                    Err(c)
-                } else if retried > 0 && retried < expects.len() {
-                    Err("CONFLICT")
-                } else if retried > 0 {
-                    Ok("retried")
-                } else if expects.iter().any(|e| matches!(e, Expect::Denied(_))) {
-                    Ok("denied")
-                } else {
-                    Ok("granted")
-                };
+                let first_err = expects.iter().position(|e| matches!(e, Expect::Err(_)));
+                let first_new = expects.iter().position(|e| *e != Expect::Retried);
+                let want: Result<&str, &str> =
+                    if let Some(Expect::Err(c)) = first_err.and_then(|i| expects.get(i)) {
+                        Err(c)
+                    } else if retried > 0 && retried < expects.len() {
+                        Err("CONFLICT")
+                    } else if retried > 0 {
+                        Ok("retried")
+                    } else if expects.iter().any(|e| matches!(e, Expect::Denied(_))) {
+                        Ok("denied")
+                    } else {
+                        Ok("granted")
+                    };
                 match (&got, want) {
-                    (Err(e), Err(c)) => prop_assert_eq!(code(e), c, "{:?}", e),
+                    (Err(e), Err(c)) => {
+                        prop_assert_eq!(code(&e.error), c, "{:?}", e);
+                        prop_assert_eq!(e.index, first_err.or(first_new), "{:?}", e);
+                    }
                     (Ok(MReserve::Retried { id }), Ok("retried")) => {
                         prop_assert_eq!(id.to_vec(), the_id)
                     }
@@ -625,15 +630,19 @@ impl Run {
     fn check_outcomes(
         &self,
         pick: &[usize],
-        got: &Result<Vec<(KeyStatus, i64, KeyEffects)>, LedgerError>,
+        got: &Result<Vec<(KeyStatus, i64, KeyEffects)>, KeyError>,
         expects: &[Expect],
     ) -> Result<(), TestCaseError> {
-        let first_err = expects.iter().find_map(|e| match e {
-            Expect::Err(c) => Some(*c),
+        let first_err = expects.iter().enumerate().find_map(|(i, e)| match e {
+            Expect::Err(c) => Some((i, *c)),
             _ => None,
         });
         match (got, first_err) {
-            (Err(e), Some(c)) => prop_assert_eq!(code(e), c, "{:?}", e),
+            // The error names the first key at fault.
+            (Err(e), Some((i, c))) => {
+                prop_assert_eq!(code(&e.error), c, "{:?}", e);
+                prop_assert_eq!(e.index, Some(i), "{:?}", e);
+            }
             (Ok(outcomes), None) => {
                 prop_assert_eq!(outcomes.len(), pick.len());
                 for (o, e) in outcomes.iter().zip(expects) {

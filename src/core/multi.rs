@@ -25,6 +25,41 @@ use crate::core::ledger::{
 };
 use crate::core::window::{IdPlan, Window, WindowEffect, NOT_CONFIGURED};
 
+/// A multi-key command's error and the listed key it is about: `index` is that key's
+/// 0-based position in the command (`None` for an error about the request as a whole, e.g.
+/// the wrong number of amounts). Displays as `error` (its code first); the shell appends the
+/// key's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyError {
+    pub index: Option<usize>,
+    pub error: LedgerError,
+}
+
+impl KeyError {
+    /// `error` at the listed key `index`.
+    #[cold]
+    pub fn at(index: usize, error: impl Into<LedgerError>) -> Self {
+        KeyError {
+            index: Some(index),
+            error: error.into(),
+        }
+    }
+}
+
+impl From<LedgerError> for KeyError {
+    fn from(error: LedgerError) -> Self {
+        KeyError { index: None, error }
+    }
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
 /// One key of a multi-key command, as stored.
 #[derive(Clone, Copy)]
 pub enum Limit<'a> {
@@ -161,9 +196,10 @@ fn window_config(w: &Window) -> Result<crate::core::window::WindowConfig, Ledger
 ///
 /// # Errors
 ///
-/// `amounts` not one per key, or negative; a key's error (`TOOLARGE`, `LIMIT`, `CONFLICT`, an
+/// Each error names the key it is about ([`KeyError::index`]): `amounts` not one per key,
+/// or negative (none); a key's error (`TOOLARGE`, `LIMIT`, `CONFLICT`, an
 /// overflow, a window without configuration); `CONFLICT` when some keys know the id and others
-/// do not.
+/// do not (at the first key that does not).
 pub fn plan_mreserve(
     limits: &[Limit<'_>],
     amounts: &[i64],
@@ -171,7 +207,7 @@ pub fn plan_mreserve(
     ttl_ms: Option<i64>,
     wall: i64,
     policy: &Policy,
-) -> Result<MReserve, LedgerError> {
+) -> Result<MReserve, KeyError> {
     plan_mreserve_keep(limits, amounts, id, ttl_ms, None, wall, policy)
 }
 
@@ -190,30 +226,34 @@ pub fn plan_mreserve_keep(
     keep: Option<i64>,
     wall: i64,
     policy: &Policy,
-) -> Result<MReserve, LedgerError> {
+) -> Result<MReserve, KeyError> {
     if keep.is_some_and(|k| k < 0) {
-        return Err(LedgerError::Invalid("KEEP must not be negative"));
+        return Err(LedgerError::Invalid("KEEP must not be negative").into());
     }
     if amounts.len() != limits.len() || limits.is_empty() {
-        return Err(LedgerError::Invalid("one amount per key"));
+        return Err(LedgerError::Invalid("one amount per key").into());
     }
     let id: Id = match id {
         Some(id) => Id::from_slice(id),
         None => fresh_id(limits, wall)?,
     };
     let mut planned = Vec::with_capacity(limits.len());
-    let (mut retried, mut fresh) = (0usize, 0usize);
+    let mut retried = 0usize;
     let mut denied: Option<(usize, i64)> = None;
+    // The first key that does not know the id: the one at fault when others do (a retry).
+    let mut first_fresh: Option<usize> = None;
     for (i, (limit, &amount)) in limits.iter().zip(amounts).enumerate() {
         match limit {
             Limit::Budget(b) => {
                 let now = b.now(wall);
-                let plan = b.plan_reserve_keep(now, policy, amount, Some(&id), ttl_ms, keep)?;
+                let plan = b
+                    .plan_reserve_keep(now, policy, amount, Some(&id), ttl_ms, keep)
+                    .map_err(|e| KeyError::at(i, e))?;
                 match plan.reply {
                     ReserveReply::Retried { .. } => retried = retried.saturating_add(1),
-                    ReserveReply::Granted { .. } => fresh = fresh.saturating_add(1),
+                    ReserveReply::Granted { .. } => first_fresh = first_fresh.or(Some(i)),
                     ReserveReply::Denied => {
-                        fresh = fresh.saturating_add(1);
+                        first_fresh = first_fresh.or(Some(i));
                         denied = denied.or(Some((i, b.retry_after_keep(now, amount, keep))));
                     }
                 }
@@ -223,19 +263,22 @@ pub fn plan_mreserve_keep(
                 });
             }
             Limit::Window(w) => {
-                let cfg = window_config(w)?;
-                let effects = match w.plan_id_reserve(wall, &id, amount, policy.max_pending)? {
+                let cfg = window_config(w).map_err(|e| KeyError::at(i, e))?;
+                let effects = match w
+                    .plan_id_reserve(wall, &id, amount, policy.max_pending)
+                    .map_err(|e| KeyError::at(i, e))?
+                {
                     IdPlan::Retried => {
                         retried = retried.saturating_add(1);
                         vec![]
                     }
                     IdPlan::Denied(d) => {
-                        fresh = fresh.saturating_add(1);
+                        first_fresh = first_fresh.or(Some(i));
                         denied = denied.or(Some((i, d.retry_after_ms)));
                         vec![]
                     }
                     _ => {
-                        fresh = fresh.saturating_add(1);
+                        first_fresh = first_fresh.or(Some(i));
                         vec![WindowEffect::Count {
                             window_ms: cfg.window_ms,
                             precision_ms: cfg.precision_ms,
@@ -248,12 +291,16 @@ pub fn plan_mreserve_keep(
             }
         }
     }
-    if retried > 0 && fresh > 0 {
-        return Err(LedgerError::Conflict {
-            id: id.to_vec(),
-            state: "pending",
-            why: "a retry must name the same keys and amounts",
-        });
+    if let (true, Some(i)) = (retried > 0, first_fresh) {
+        return Err(KeyError::at(
+            i,
+            LedgerError::Conflict {
+                id: id.to_vec(),
+                // Pending elsewhere; this key does not know it.
+                state: "pending on other listed keys",
+                why: "a retry must name the same keys and amounts",
+            },
+        ));
     }
     Ok(match denied {
         _ if retried > 0 => MReserve::Retried { id },
@@ -282,7 +329,7 @@ pub fn plan_msettle(
     actuals: &[i64],
     wall: i64,
     policy: &Policy,
-) -> Result<Vec<KeyOutcome>, LedgerError> {
+) -> Result<Vec<KeyOutcome>, KeyError> {
     let actuals: Vec<Actual> = actuals.iter().map(|&a| Actual::Units(a)).collect();
     plan_msettle_actuals(limits, id, &actuals, wall, policy)
 }
@@ -310,18 +357,19 @@ pub fn plan_msettle_actuals(
     actuals: &[Actual],
     wall: i64,
     policy: &Policy,
-) -> Result<Vec<KeyOutcome>, LedgerError> {
+) -> Result<Vec<KeyOutcome>, KeyError> {
     if actuals.len() != limits.len() || limits.is_empty() {
-        return Err(LedgerError::Invalid("one actual per key"));
+        return Err(LedgerError::Invalid("one actual per key").into());
     }
     let mut out = Vec::with_capacity(limits.len());
-    for (limit, &given) in limits.iter().zip(actuals) {
+    for (i, (limit, &given)) in limits.iter().zip(actuals).enumerate() {
         let actual = match (limit, given) {
             (_, Actual::Units(n)) => n,
             (Limit::Budget(_), Actual::Elapsed) => 0,
             (Limit::Window(_), Actual::Elapsed) => {
-                return Err(LedgerError::Invalid(
-                    "ELAPSED settles budget keys only (a window has no UNIT)",
+                return Err(KeyError::at(
+                    i,
+                    LedgerError::Invalid("ELAPSED settles budget keys only (a window has no UNIT)"),
                 ))
             }
         };
@@ -329,9 +377,10 @@ pub fn plan_msettle_actuals(
             Limit::Budget(b) => {
                 let now = b.now(wall);
                 let plan = match given {
-                    Actual::Units(_) => b.plan_settle(now, policy, id, actual)?,
-                    Actual::Elapsed => b.plan_settle_elapsed(now, policy, id)?,
-                };
+                    Actual::Units(_) => b.plan_settle(now, policy, id, actual),
+                    Actual::Elapsed => b.plan_settle_elapsed(now, policy, id),
+                }
+                .map_err(|e| KeyError::at(i, e))?;
                 let status = match plan.reply.0 {
                     SettleStatus::Settled => KeyStatus::Settled,
                     SettleStatus::Late => KeyStatus::Late,
@@ -344,8 +393,11 @@ pub fn plan_msettle_actuals(
                 (status, plan.reply.1, effects)
             }
             Limit::Window(w) => {
-                window_config(w)?;
-                let (status, effects) = match w.plan_id_settle(wall, id, actual)? {
+                window_config(w).map_err(|e| KeyError::at(i, e))?;
+                let (status, effects) = match w
+                    .plan_id_settle(wall, id, actual)
+                    .map_err(|e| KeyError::at(i, e))?
+                {
                     IdPlan::Corrected { .. } => (
                         KeyStatus::Corrected,
                         vec![WindowEffect::Settle {
@@ -375,13 +427,15 @@ pub fn plan_mrollback(
     id: &[u8],
     wall: i64,
     policy: &Policy,
-) -> Result<Vec<KeyOutcome>, LedgerError> {
+) -> Result<Vec<KeyOutcome>, KeyError> {
     let mut out = Vec::with_capacity(limits.len());
-    for limit in limits {
+    for (i, limit) in limits.iter().enumerate() {
         out.push(match limit {
             Limit::Budget(b) => {
                 let now = b.now(wall);
-                let plan = b.plan_rollback(now, policy, id)?;
+                let plan = b
+                    .plan_rollback(now, policy, id)
+                    .map_err(|e| KeyError::at(i, e))?;
                 let status = match plan.reply.0 {
                     RollbackStatus::RolledBack => KeyStatus::RolledBack,
                     RollbackStatus::Duplicate => KeyStatus::Duplicate,
@@ -394,8 +448,11 @@ pub fn plan_mrollback(
                 (status, plan.reply.1, effects)
             }
             Limit::Window(w) => {
-                window_config(w)?;
-                let (status, released, effects) = match w.plan_id_rollback(wall, id)? {
+                window_config(w).map_err(|e| KeyError::at(i, e))?;
+                let (status, released, effects) = match w
+                    .plan_id_rollback(wall, id)
+                    .map_err(|e| KeyError::at(i, e))?
+                {
                     IdPlan::RolledBack { released } => (
                         KeyStatus::RolledBack,
                         released,
@@ -426,20 +483,22 @@ pub fn plan_mextend(
     ttl_ms: i64,
     wall: i64,
     policy: &Policy,
-) -> Result<Vec<KeyEffects>, LedgerError> {
+) -> Result<Vec<KeyEffects>, KeyError> {
     let mut out = Vec::with_capacity(limits.len());
-    for limit in limits {
+    for (i, limit) in limits.iter().enumerate() {
         out.push(match limit {
             Limit::Budget(b) => {
                 let now = b.now(wall);
-                let plan = b.plan_extend(now, policy, id, ttl_ms)?;
+                let plan = b
+                    .plan_extend(now, policy, id, ttl_ms)
+                    .map_err(|e| KeyError::at(i, e))?;
                 KeyEffects::Budget {
                     now,
                     effects: plan.effects,
                 }
             }
             Limit::Window(w) => {
-                window_config(w)?;
+                window_config(w).map_err(|e| KeyError::at(i, e))?;
                 KeyEffects::Window(vec![])
             }
         });

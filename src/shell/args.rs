@@ -37,6 +37,11 @@ impl<'a> Args<'a> {
         self.pos >= self.all.len()
     }
 
+    /// How many arguments are left.
+    pub fn remaining(&self) -> usize {
+        self.all.len().saturating_sub(self.pos)
+    }
+
     /// The next argument as bytes; if there is none, the error says what was expected (the
     /// value of the option just read, or more arguments).
     #[inline(always)]
@@ -105,6 +110,18 @@ impl<'a> Args<'a> {
             None => format!("{} takes no more arguments", doc.name.to_string_lossy()),
         };
         RedisError::String(format!("{near}: {why}. Usage: {}", doc.usage()))
+    }
+
+    /// `ERR syntax error near '<token>': <why>. Usage: ...`, for a token the command knows but
+    /// cannot take there (`why` says why).
+    #[cold]
+    #[inline(never)]
+    pub fn syntax_error(&self, token: &[u8], why: &str) -> RedisError {
+        let near = format!("ERR syntax error near '{}': {why}", printable_id(token));
+        match self.doc() {
+            Some(doc) => RedisError::String(format!("{near}. Usage: {}", doc.usage())),
+            None => RedisError::String(near),
+        }
     }
 
     /// `ERR wrong number of arguments for 'QUOTA.X' command` (as Redis itself words it for a

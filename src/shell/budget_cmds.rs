@@ -95,6 +95,54 @@ fn parse_keep(a: &mut Args) -> Result<Option<i64>, RedisError> {
     a.next_amount("KEEP").map(Some)
 }
 
+/// The options of `QUOTA.SET` that only a budget takes (none combines with `WINDOW`).
+pub(crate) const BUDGET_OPTIONS: [&str; 12] = [
+    "LIMIT",
+    "USED",
+    "OVERDRAFT",
+    "MAXRESERVE",
+    "TTL",
+    "PERIOD",
+    "TZ",
+    "ANCHOR",
+    "ONEXPIRE",
+    "UNIT",
+    "STREAM",
+    "STREAMMAXLEN",
+];
+
+/// True if `token` is one of [`BUDGET_OPTIONS`] (case-insensitive).
+pub(crate) fn is_budget_option(token: &[u8]) -> bool {
+    BUDGET_OPTIONS
+        .iter()
+        .any(|o| token.eq_ignore_ascii_case(o.as_bytes()))
+}
+
+/// The error for `WINDOW` read among a budget's options (`args`: all of argv): it combines
+/// with none of them, and comes right after the key.
+#[cold]
+fn window_among_options(a: &Args, args: &[RedisString], window: &[u8]) -> RedisError {
+    let before = args.get(2..).unwrap_or(&[]);
+    match before.iter().find(|t| is_budget_option(t.as_slice())) {
+        Some(option) => window_with_budget_option(a, window, option.as_slice()),
+        None => a.syntax_error(window, "WINDOW must come right after the key"),
+    }
+}
+
+/// The syntax error near `token` for `QUOTA.SET key WINDOW ...` given the budget option
+/// `option` (before or after `WINDOW`).
+#[cold]
+pub(crate) fn window_with_budget_option(a: &Args, token: &[u8], option: &[u8]) -> RedisError {
+    a.syntax_error(
+        token,
+        &format!(
+            "WINDOW cannot be combined with budget options such as {} (a key is a window or a \
+             budget)",
+            String::from_utf8_lossy(option).to_ascii_uppercase()
+        ),
+    )
+}
+
 /// `QUOTA.SET key [LIMIT n] [USED n] [OVERDRAFT n] [MAXRESERVE n] [TTL ms]
 /// [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] [ANCHOR unix_ms]
 /// [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT ms|s|min|NONE] [STREAM stream_key|""] [STREAMMAXLEN n]
@@ -158,6 +206,8 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             xx = true;
         } else if let Some(v) = parse_at(&mut a, t)? {
             at = v;
+        } else if t.eq_ignore_ascii_case(b"WINDOW") {
+            return Err(window_among_options(&a, &args, t));
         } else {
             return Err(a.unexpected(t));
         }

@@ -10,6 +10,7 @@ use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::ledger::Budget;
 use crate::shell::apply::Counts;
+use crate::shell::log_limit::{with_held_back, LogLimit};
 use crate::shell::persist::{decode_budget, encode_budget, BUDGET_ENCVER};
 use crate::shell::sweep_index;
 use crate::shell::type_methods::{add_digest, emit_load, type_methods, TypeCallbacks};
@@ -39,6 +40,9 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
     raw::save_slice(rdb, &encode_budget(budget));
 }
 
+/// Refusals of corrupt values (RDB load, RESTORE) logged: one per second.
+static BUDGET_REFUSALS: LogLimit = LogLimit::new(1000);
+
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     let Ok(buffer) = raw::load_string_buffer(rdb) else {
         return std::ptr::null_mut();
@@ -52,11 +56,16 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             Box::into_raw(Box::new(budget)).cast::<c_void>()
         }
         Err(e) => {
-            logging::log_io_error(
-                rdb,
-                logging::RedisLogLevel::Warning,
-                &crate::shell::log_safe(&format!("rq-budget: refusing value: {e}")),
-            );
+            // One warning per second at most: a flood of corrupt RESTOREs must not fill the
+            // log (each still gets its error reply).
+            if let Some(held_back) = BUDGET_REFUSALS.admit(crate::shell::clock::wall_ms()) {
+                let msg = with_held_back(&format!("rq-budget: refusing value: {e}"), held_back);
+                logging::log_io_error(
+                    rdb,
+                    logging::RedisLogLevel::Warning,
+                    &crate::shell::log_safe(&msg),
+                );
+            }
             std::ptr::null_mut()
         }
     }

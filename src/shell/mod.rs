@@ -15,6 +15,7 @@ pub mod effects;
 pub mod events;
 pub mod key;
 pub mod key_specs;
+pub mod log_limit;
 pub mod mapply;
 pub mod memory;
 pub mod multi_cmds;

@@ -241,6 +241,10 @@ pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) 
             xx = true;
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(args.next_i64()?);
+        } else if crate::shell::budget_cmds::is_budget_option(t) {
+            return Err(crate::shell::budget_cmds::window_with_budget_option(
+                args, t, t,
+            ));
         } else {
             return Err(args.unexpected(t));
         }

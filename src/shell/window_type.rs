@@ -11,6 +11,7 @@ use std::os::raw::{c_int, c_void};
 use redis_module::{logging, native_types::RedisType, raw};
 
 use crate::core::window::Window;
+use crate::shell::log_limit::{with_held_back, LogLimit};
 use crate::shell::persist::{decode_window, encode_window, WINDOW_ENCVER};
 use crate::shell::type_methods::{add_digest, emit_load, type_methods, TypeCallbacks};
 use crate::shell::{stats, sweep_index};
@@ -40,6 +41,9 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
     raw::save_slice(rdb, &encode_window(window));
 }
 
+/// Refusals of corrupt values (RDB load, RESTORE) logged: one per second.
+static WINDOW_REFUSALS: LogLimit = LogLimit::new(1000);
+
 /// Also reached by RESTORE payloads: [`decode_window`] validates everything.
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     let Ok(buffer) = raw::load_string_buffer(rdb) else {
@@ -56,11 +60,16 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             Box::into_raw(Box::new(window)).cast::<c_void>()
         }
         Err(e) => {
-            logging::log_io_error(
-                rdb,
-                logging::RedisLogLevel::Warning,
-                &crate::shell::log_safe(&format!("rq-window: refusing value: {e}")),
-            );
+            // One warning per second at most: a flood of corrupt RESTOREs must not fill the
+            // log (each still gets its error reply).
+            if let Some(held_back) = WINDOW_REFUSALS.admit(crate::shell::clock::wall_ms()) {
+                let msg = with_held_back(&format!("rq-window: refusing value: {e}"), held_back);
+                logging::log_io_error(
+                    rdb,
+                    logging::RedisLogLevel::Warning,
+                    &crate::shell::log_safe(&msg),
+                );
+            }
             std::ptr::null_mut()
         }
     }

@@ -95,14 +95,23 @@ def test_mreserve_denial_takes_nothing(mq: Quota) -> None:
     assert rb[0].amount == 10 and rb[0].value == 1000
 
 
-def test_multi_errors(mq: Quota) -> None:
+def test_multi_errors(mq: Quota, r: redis.Redis) -> None:
     mq.mreserve(KEYS, [10, 10, 1, 10, 1], id="x")
-    with pytest.raises(ConflictError):
-        mq.mreserve(KEYS, [11, 10, 1, 10, 1], id="x")
-    with pytest.raises(NoReservationError):
+    # Each error names the listed key at fault (the first, if several are).
+    with pytest.raises(ConflictError) as conflict:
+        mq.mreserve(KEYS, [10, 11, 1, 10, 1], id="x")
+    assert conflict.value.key == KEYS[1], conflict.value.message
+    with pytest.raises(NoReservationError) as unknown:
         mq.msettle(KEYS, "never", [1, 1, 1, 1, 0])
-    with pytest.raises(CommandError):
+    assert unknown.value.key == KEYS[0], unknown.value.message
+    odd = "quota:{t}:s é'"  # shown escaped in the reply, unescaped in .key
+    r.set(odd, "1")
+    with pytest.raises(WrongTypeError) as wrongtype:
+        mq.mreserve([KEYS[0], odd], [1, 1])
+    assert wrongtype.value.key == odd, wrongtype.value.message
+    with pytest.raises(CommandError) as twice:
         mq.mreserve([KEYS[0], KEYS[0]], [1, 1])  # a key listed twice
+    assert twice.value.key is None
     with pytest.raises(ValueError):
         mq.mreserve(KEYS, [1, 2])  # one amount per key, checked before sending
 

@@ -7,6 +7,7 @@ through the context managers (:class:`QuotaDeniedError`).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import redis.exceptions
@@ -19,10 +20,30 @@ class QuotaError(Exception):
     """Base class of every exception this package raises."""
 
 
+# A multi-key command's error ends with the listed key at fault: `... (key 'quota:{t}:rpm')`,
+# the name shown as ids are (at most 64 bytes then `...`; `\xNN` for other than visible ASCII,
+# and for `'` and `\`).
+_KEY_AT_FAULT = re.compile(r" \(key '([^']*)'\)$")
+_ESCAPED_BYTE = re.compile(rb"\\x([0-9a-f]{2})")
+
+
+def _key_at_fault(message: str) -> str | None:
+    """The key named at the end of ``message``, unescaped (``None`` if none is)."""
+    match = _KEY_AT_FAULT.search(message)
+    if match is None:
+        return None
+    shown = match.group(1).encode("utf-8", "backslashreplace")
+    raw = _ESCAPED_BYTE.sub(lambda m: bytes([int(m.group(1), 16)]), shown)
+    return raw.decode("utf-8", "replace")
+
+
 class QuotaReplyError(QuotaError, redis.exceptions.ResponseError):
     """The module answered with an error reply; the command changed nothing.
 
-    ``code`` is the reply's first word (``ERR`` for syntax and validation errors).
+    ``code`` is the reply's first word (``ERR`` for syntax and validation errors). ``key`` is
+    the listed key at fault of a multi-key command's error (``WRONGTYPE``, ``NOQUOTA``,
+    ``NORESERVATION``, ``CONFLICT``, ...: the reply ends with ``(key '<key>')``), else ``None``;
+    a name over 64 bytes is cut there and ends with ``...``.
     """
 
     code = "ERR"
@@ -30,6 +51,7 @@ class QuotaReplyError(QuotaError, redis.exceptions.ResponseError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.key = _key_at_fault(message)
 
 
 class CommandError(QuotaReplyError):
