@@ -742,6 +742,109 @@ mod tests {
         }
     }
 
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// An id (one of 24, of 1 to 40 bytes) put at the newest index plus 0 to 2, with a
+        /// count and a status code.
+        Put(u8, usize, i64, i64, u8),
+        /// An id put at any index (out of order, or moved: the rebuilding path).
+        PutAt(u8, usize, i64, i64),
+        Forget(i64),
+        Remap(i64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u8..24, 1usize..40, 0i64..3, 0i64..1000, 0u8..3)
+                .prop_map(|(i, l, a, c, s)| Op::Put(i, l, a, c, s)),
+            1 => (0u8..24, 1usize..40, -5i64..60, 0i64..1000)
+                .prop_map(|(i, l, x, c)| Op::PutAt(i, l, x, c)),
+            2 => (-5i64..60).prop_map(Op::Forget),
+            1 => (1i64..4).prop_map(Op::Remap),
+        ]
+    }
+
+    /// Id number `i`: its first byte is `i` (ids of different numbers differ); the model
+    /// keeps the length of its first use, so one number is one id.
+    fn id_of(i: u8, len: usize) -> Vec<u8> {
+        let mut id = vec![b'a' + i; len.clamp(1, 40)];
+        id[0] = i;
+        id
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any sequence of puts (in order, out of order, replacing), forgets and remaps leaves
+        /// the same ids, entries and order as a plain list kept sorted by index (stable), and
+        /// every id is found by its bytes.
+        #[test]
+        fn matches_a_sorted_list(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut r = Remembered::default();
+            let mut model: Vec<(Vec<u8>, Entry)> = Vec::new();
+            let mut lens = std::collections::HashMap::new();
+            for op in ops {
+                let (id, e) = match op {
+                    Op::Put(i, len, ahead, counted, s) => {
+                        let len = *lens.entry(i).or_insert(len);
+                        let newest = model.last().map_or(0, |(_, e)| e.index);
+                        let status = IdStatus::from_code(s).unwrap();
+                        (id_of(i, len), Entry { index: newest + ahead, counted, status })
+                    }
+                    Op::PutAt(i, len, index, counted) => {
+                        let len = *lens.entry(i).or_insert(len);
+                        (id_of(i, len), Entry { index, counted, status: IdStatus::Pending })
+                    }
+                    Op::Forget(index) => {
+                        let n = model.iter().take_while(|(_, e)| e.index < index).count();
+                        model.drain(..n);
+                        prop_assert_eq!(r.forget_before(index), n);
+                        continue;
+                    }
+                    Op::Remap(d) => {
+                        for (_, e) in model.iter_mut() {
+                            e.index /= d;
+                        }
+                        model.sort_by_key(|(_, e)| e.index);
+                        r.remap(|i| i / d).unwrap();
+                        continue;
+                    }
+                };
+                r.put(&id, e).unwrap();
+                match model.iter().position(|(x, _)| *x == id) {
+                    Some(p) if model[p].1.index == e.index => model[p].1 = e,
+                    p => {
+                        if let Some(p) = p {
+                            model.remove(p);
+                        }
+                        let at = model.partition_point(|(_, x)| x.index <= e.index);
+                        model.insert(at, (id, e));
+                    }
+                }
+            }
+            let listed: Vec<(Vec<u8>, Entry)> = r.iter().map(|(id, e)| (id.to_vec(), e)).collect();
+            prop_assert_eq!(&listed, &model);
+            prop_assert_eq!(r.len(), model.len());
+            prop_assert_eq!(r.oldest_index(), model.first().map(|(_, e)| e.index));
+            for (id, e) in &model {
+                prop_assert_eq!(r.get(id), Some(*e));
+                let sum: i128 = model
+                    .iter()
+                    .filter(|(_, x)| x.index == e.index)
+                    .map(|(_, x)| i128::from(x.counted))
+                    .sum();
+                prop_assert_eq!(r.counted_in(e.index), sum);
+            }
+            for i in 0u8..24 {
+                if !model.iter().any(|(x, _)| x.first() == Some(&i)) {
+                    prop_assert!(r.get(&id_of(i, *lens.get(&i).unwrap_or(&1))).is_none());
+                }
+            }
+        }
+    }
+
     #[test]
     fn status_codes_round_trip() {
         for s in [IdStatus::Pending, IdStatus::Settled, IdStatus::RolledBack] {
