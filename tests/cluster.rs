@@ -33,6 +33,11 @@ fn granted(v: &Value, id: &str) -> i64 {
     int(&r[2])
 }
 
+/// `[limit, used, reserved, available, pending]` of a budget's QUOTA.INFO.
+fn totals(i: &BTreeMap<String, i64>) -> [i64; 5] {
+    ["limit", "used", "reserved", "available", "pending"].map(|f| i[f])
+}
+
 /// A `SETTLE` or `ROLLBACK` reply: (status, amount).
 fn status(v: &Value) -> (String, i64) {
     let r = items(v);
@@ -85,17 +90,7 @@ fn every_command_routes_through_the_cluster_client_on_all_three_masters() {
         assert_eq!(int(&deny[0]), 0);
         let (code, _) = gerr(&mut c, &["QUOTA.SETTLE", &key, "nope", "1"]);
         assert_eq!(code, "NORESERVATION");
-        let i = ginfo(&mut c, &key);
-        assert_eq!(
-            (
-                i["limit"],
-                i["used"],
-                i["reserved"],
-                i["available"],
-                i["pending"]
-            ),
-            (1000, 300, 0, 700, 0)
-        );
+        assert_eq!(totals(&ginfo(&mut c, &key)), [1000, 300, 0, 700, 0]);
         for expect_remaining in [1, 0] {
             let w = items(&gok(&mut c, &["QUOTA.WINDOW", &rpm, "2", "60000"]));
             assert_eq!((int(&w[0]), int(&w[1])), (1, expect_remaining));
@@ -424,20 +419,14 @@ fn resharding_a_slot_under_load_keeps_every_reservation_and_id() {
     assert_eq!(gpending(&mut d, &budget), pending);
     let i = ginfo(&mut c, &budget);
     assert_eq!(
-        (
-            i["limit"],
-            i["used"],
-            i["reserved"],
-            i["available"],
-            i["pending"]
-        ),
-        (
+        totals(&i),
+        [
             LIMIT,
             used,
             reserved,
             LIMIT - used - reserved,
             pending.len() as i64
-        )
+        ]
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while info_int(&mut d, "quota", "quota_sweeper_released") < dst_released + 1 {
