@@ -418,6 +418,14 @@ fn replica_aof_and_reload_hold_the_masters_stream() {
     assert_eq!(keys(&mut m), ["x", "xu", "{a}:b", "{a}:c", "{a}:u"]);
     assert_eq!(all_digests(&mut r), want);
     assert_eq!(entries(&mut r, "{a}:u"), entries(&mut m, "{a}:u"));
+    // The master adds its entries through the stream API, not by running XADD; the replica
+    // applies the XADDs the master replicated.
+    let xadds = |c: &mut redis::Connection| {
+        let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        stats.contains("cmdstat_xadd:")
+    };
+    assert!(!xadds(&mut m));
+    assert!(xadds(&mut r));
     // Trimmed on the master (MAXLEN ~ 10 with 4-entry nodes), the same on the replica.
     let len = xlen(&mut m, "{a}:u");
     assert!((10..=14).contains(&len), "{len}");
@@ -707,4 +715,180 @@ fn charging_expiries_log_what_they_charged() {
     assert_eq!((got[0][3].1.as_str(), got[0][4].1.as_str()), ("40", "40"));
     let sum: i64 = got.iter().map(|f| f[4].1.parse::<i64>().unwrap()).sum();
     assert_eq!(sum, info_at(&mut c, "tok", T + 100)["used"]);
+}
+
+/// Waits until `n` clients are blocked (a blocking read on another connection).
+fn wait_blocked(c: &mut redis::Connection, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while info_section(c, "clients")["blocked_clients"] != n {
+        assert!(Instant::now() < deadline, "the reader did not block");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A blocking read on its own connection, in a thread: its reply, or the error.
+fn blocked_read(s: &Server, args: &[&str]) -> std::thread::JoinHandle<redis::RedisResult<Value>> {
+    let mut reader = s.conn();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        q(&mut reader, &args)
+    })
+}
+
+#[test]
+fn blocked_readers_and_watchers_see_a_new_entry() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "b",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "u",
+            "AT",
+            &at(T),
+        ],
+    );
+    // The exporter's read: XREADGROUP BLOCK on a stream that exists (empty, MKSTREAM).
+    ok(&mut c, &["XGROUP", "CREATE", "u", "g", "$", "MKSTREAM"]);
+    let group = blocked_read(
+        &s,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c1",
+            "BLOCK",
+            "20000",
+            "STREAMS",
+            "u",
+            ">",
+        ],
+    );
+    wait_blocked(&mut c, 1);
+    ok(&mut c, &["QUOTA.CHARGE", "b", "3", "AT", &at(T + 1)]);
+    let reply = group.join().unwrap().unwrap();
+    let streams = items(&reply);
+    assert_eq!(streams.len(), 1);
+    let got = items(&items(&streams[0])[1]);
+    assert_eq!(got.len(), 1);
+    assert_eq!(text(&items(&got[0])[0]), entries(&mut c, "u")[0].0);
+    // A plain XREAD BLOCK, on a stream that exists, then on one the entry creates.
+    for stream in ["u", "u2"] {
+        if stream == "u2" {
+            ok(
+                &mut c,
+                &["QUOTA.SET", "b", "STREAM", "u2", "AT", &at(T + 2)],
+            );
+        }
+        let plain = blocked_read(&s, &["XREAD", "BLOCK", "20000", "STREAMS", stream, "$"]);
+        wait_blocked(&mut c, 1);
+        ok(&mut c, &["QUOTA.CHARGE", "b", "1", "AT", &at(T + 3)]);
+        let reply = plain.join().unwrap().unwrap();
+        let got = items(&items(&items(&reply)[0])[1]);
+        assert_eq!(got.len(), 1, "{stream}");
+        let fields = items(&items(&got[0])[1]);
+        assert_eq!(text(&fields[3]), "charge", "{stream}");
+    }
+    // WATCH on the stream key sees the entry (as an XADD's change).
+    let mut w = s.conn();
+    ok(&mut w, &["WATCH", "u2"]);
+    ok(&mut c, &["QUOTA.CHARGE", "b", "1", "AT", &at(T + 4)]);
+    ok(&mut w, &["MULTI"]);
+    ok(&mut w, &["PING"]);
+    assert_eq!(ok(&mut w, &["EXEC"]), Value::Nil);
+}
+
+#[test]
+fn entries_fire_the_keyspace_events_of_an_xadd() {
+    // Small nodes, so that MAXLEN ~ 2 trims every few entries.
+    let s = clock_server(&["--stream-node-max-entries", "2"]);
+    let mut c = s.conn();
+    ok(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Et"]);
+    let mut sub = s.conn();
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.psubscribe("__keyevent@0__:x*").unwrap();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "b",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "u",
+            "STREAMMAXLEN",
+            "2",
+            "AT",
+            &at(T),
+        ],
+    );
+    let n = 7;
+    for i in 0..n {
+        ok(&mut c, &["QUOTA.CHARGE", "b", "1", "AT", &at(T + 1 + i)]);
+    }
+    // What a client's own XADD MAXLEN ~ 2 fires, for the same number of entries.
+    for _ in 0..n {
+        ok(&mut c, &["XADD", "v", "MAXLEN", "~", "2", "*", "f", "1"]);
+    }
+    // Events arrive in order: a last XADD on another key marks the end.
+    ok(&mut c, &["XADD", "end", "*", "f", "1"]);
+    let mut events: Vec<(String, String)> = Vec::new();
+    loop {
+        let m = ps.get_message().unwrap();
+        let event = m.get_channel_name().trim_start_matches("__keyevent@0__:");
+        let key: String = m.get_payload().unwrap();
+        if key == "end" {
+            break;
+        }
+        events.push((event.to_string(), key));
+    }
+    let of = |k: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|(_, key)| key == k)
+            .map(|(e, _)| e.clone())
+            .collect()
+    };
+    assert_eq!(of("u").iter().filter(|e| *e == "xadd").count(), n as usize);
+    assert!(of("u").iter().any(|e| e == "xtrim"), "{:?}", of("u"));
+    assert_eq!(of("u"), of("v"));
+    assert_eq!(xlen(&mut c, "u"), xlen(&mut c, "v"));
+}
+
+#[test]
+fn without_xadd_nothing_is_logged_and_replicas_stay_equal() {
+    // XADD renamed away: entries could not be replicated, so none are added (counted).
+    let args = ["--rename-command", "XADD", ""];
+    let master = clock_server(&args);
+    let replica = clock_server(&args);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    ok(
+        &mut m,
+        &[
+            "QUOTA.SET",
+            "b",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "u",
+            "AT",
+            &at(T),
+        ],
+    );
+    ok(&mut m, &["QUOTA.CHARGE", "b", "3", "AT", &at(T + 1)]);
+    ok(&mut m, &["QUOTA.CHARGE", "b", "2", "AT", &at(T + 2)]);
+    assert_eq!(xlen(&mut m, "u"), 0);
+    let stats = info_section(&mut m, "quota");
+    assert_eq!(stats["quota_usage_stream_errors"], 2);
+    assert_eq!(info_at(&mut m, "b", T + 2)["used"], 5);
+    sync(&mut m);
+    assert_eq!(all_digests(&mut r), all_digests(&mut m));
 }

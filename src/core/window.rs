@@ -68,6 +68,7 @@ use std::fmt;
 
 use crate::core::book::Id;
 use crate::core::error::LedgerError;
+use crate::core::ledger::IndexTag;
 use crate::core::remembered::{Entry, IdStatus, Remembered};
 
 /// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
@@ -230,6 +231,9 @@ struct Extras {
     /// Reservation ids of multi-key reservations (`QUOTA.MRESERVE`), kept while their bucket
     /// is inside the window.
     ids: Remembered,
+    /// Where the shell last indexed the key for forgetting its ids (runtime only, as a
+    /// budget's: [`IndexTag`]).
+    index_tag: IndexTag,
 }
 
 /// The ids of a window without extras.
@@ -1052,6 +1056,12 @@ impl Window {
         self.extras.as_ref().map_or(&NO_IDS, |e| &e.ids)
     }
 
+    /// The shell's note of where it indexed this key's remembered ids (`None`: a window
+    /// without a configuration or ids, never indexed by tag).
+    pub fn index_tag(&self) -> Option<&IndexTag> {
+        self.extras.as_ref().map(|e| &e.index_tag)
+    }
+
     fn extras_mut(&mut self) -> &mut Extras {
         self.extras.get_or_insert_with(Box::default)
     }
@@ -1336,8 +1346,13 @@ impl Window {
     /// Attaches a decoded configuration and ids (encoding 2) to a decoded window; the caller
     /// validates the result.
     pub fn with_extras(mut self, config: Option<WindowConfig>, ids: Remembered) -> Self {
-        self.extras =
-            (config.is_some() || !ids.is_empty()).then(|| Box::new(Extras { config, ids }));
+        self.extras = (config.is_some() || !ids.is_empty()).then(|| {
+            Box::new(Extras {
+                config,
+                ids,
+                index_tag: IndexTag::default(),
+            })
+        });
         self
     }
 

@@ -91,6 +91,16 @@ impl<'a> ModuleKey<'a> {
         }))
     }
 
+    /// True if the key holds a value of the module type `ty` (false: empty, or another type).
+    pub fn holds(&self, ty: &RedisType) -> bool {
+        let Ok(get_type) = api!(RedisModule_ModuleTypeGetType) else {
+            return false;
+        };
+        // SAFETY: the key is open; the type is null for an empty key or a non-module value.
+        let actual = unsafe { get_type(self.inner) };
+        actual == *ty.raw_type.borrow()
+    }
+
     fn raw_value<T>(&self, ty: &RedisType) -> Result<Option<*mut T>, RedisError> {
         if self.inner.is_null() {
             return Ok(None);

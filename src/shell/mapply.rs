@@ -15,7 +15,10 @@
 //! The per-key lines written before this command existed (in MULTI/EXEC) still load: they are
 //! plain `QUOTA.APPLY` / `QUOTA.WAPPLY` commands.
 
+use std::cell::Cell;
 use std::ffi::CStr;
+
+use smallvec::SmallVec;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
@@ -36,19 +39,32 @@ const MAX_KEYS: usize = crate::shell::multi_cmds::MAX_KEYS;
 
 /// The effects applied to each key of one multi-key write, gathered to be replicated once.
 pub struct Batch<'a> {
-    keys: Vec<&'a RedisString>,
+    keys: SmallVec<[&'a RedisString; MAX_KEYS]>,
     line: Packed,
-    /// One key's line, reused for every key (one allocation per batch, not per key).
+    /// One key's line, reused for every key.
     inner: Packed,
+}
+
+std::thread_local! {
+    /// The two buffers of the last batch, reused by the next (only the main thread writes):
+    /// no allocation per command once they have grown to the longest line.
+    static BUFFERS: Cell<Option<(Packed, Packed)>> = const { Cell::new(None) };
 }
 
 impl<'a> Batch<'a> {
     /// An empty batch for up to `n` keys.
     pub fn with_keys(n: usize) -> Batch<'a> {
+        let (mut line, mut inner) = BUFFERS
+            .try_with(Cell::take)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| (Packed::with_capacity(256), Packed::with_capacity(128)));
+        line.clear();
+        inner.clear();
         Batch {
-            keys: Vec::with_capacity(n),
-            line: Packed::with_capacity(256),
-            inner: Packed::with_capacity(128),
+            keys: SmallVec::with_capacity(n),
+            line,
+            inner,
         }
     }
 
@@ -90,6 +106,11 @@ impl<'a> Batch<'a> {
         if !self.keys.is_empty() {
             replicate::replicate_keys_packed(ctx, MAPPLY, &self.keys, &self.line);
         }
+        let (mut line, mut inner) = (self.line, self.inner);
+        // A rare very long line (many keys with long ids) is not kept.
+        line.shrink_to(4096);
+        inner.shrink_to(4096);
+        let _ = BUFFERS.try_with(|b| b.set(Some((line, inner))));
     }
 }
 

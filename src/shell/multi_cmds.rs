@@ -13,7 +13,9 @@
 //! other keys with a shorter list); a budget replaced by a new one does not know the id
 //! (`NORESERVATION`); a window key replaced by a new one does not remember it (`skipped`).
 
-use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
+use smallvec::SmallVec;
+use std::ffi::CStr;
 
 use crate::core::ledger::Budget;
 use crate::core::multi::{self, KeyEffects, KeyError, KeyOutcome, KeyStatus, Limit, MReserve};
@@ -68,10 +70,19 @@ struct Opened<'a> {
     kind: Kind,
 }
 
+/// The listed key names, in order.
+type Keys<'a> = SmallVec<[&'a RedisString; MAX_KEYS]>;
+
+/// The listed keys, open.
+type OpenedKeys<'a> = SmallVec<[Opened<'a>; 8]>;
+
+/// Each key's value after a command, in key order.
+type Values = SmallVec<[i64; 8]>;
+
 /// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice, and at least
 /// the arguments `after` them left (else the arity error, before any key is read: with
 /// `numkeys` above the keys given, amounts would be read as keys).
-fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Vec<&'a RedisString>, RedisError> {
+fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Keys<'a>, RedisError> {
     let n = a.next_i64()?;
     let n = usize::try_from(n)
         .ok()
@@ -83,15 +94,19 @@ fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Vec<&'a RedisString>
     if a.remaining() < needed {
         return Err(a.wrong_arity());
     }
-    let mut keys: Vec<&RedisString> = Vec::with_capacity(n);
+    let mut keys: Keys<'a> = SmallVec::with_capacity(n);
+    // Each name's bytes read once (a call into Redis each), for the duplicate check.
+    let mut seen: SmallVec<[&[u8]; MAX_KEYS]> = SmallVec::with_capacity(n);
     for _ in 0..n {
         let k = a.next_string()?;
-        if keys.iter().any(|seen| seen.as_slice() == k.as_slice()) {
+        let bytes = k.as_slice();
+        if seen.contains(&bytes) {
             return Err(RedisError::String(format!(
                 "ERR key '{}' is listed twice",
-                crate::core::error::printable_id(k.as_slice())
+                crate::core::error::printable_id(bytes)
             )));
         }
+        seen.push(bytes);
         keys.push(k);
     }
     Ok(keys)
@@ -136,23 +151,28 @@ fn not_an_option(a: &Args, t: &[u8], n: usize, what: &str) -> RedisError {
 /// Opens every key writable and tells its kind. Errors (and declares every key unchanged) on
 /// an empty key (`NOQUOTA`), a window key without a configuration (`NOQUOTA`), another type
 /// (`WRONGTYPE`).
-fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<Vec<Opened<'a>>, RedisError> {
-    let mut opened: Vec<Opened<'a>> = Vec::with_capacity(names.len());
+fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<OpenedKeys<'a>, RedisError> {
+    let mut opened: OpenedKeys<'a> = SmallVec::with_capacity(names.len());
     for &name in names {
         let key = match ModuleKey::open_writable(ctx, name) {
             Ok(k) => k,
             Err(e) => return Err(abort(&mut opened, e)),
         };
-        let kind = match key.value::<Budget>(&BUDGET_TYPE) {
-            Ok(Some(_)) => Ok(Kind::Budget),
-            Ok(None) => Err(RedisError::Str(
-                "NOQUOTA no budget or window at a listed key (create it with QUOTA.SET)",
-            )),
-            Err(_) => match key.value::<Window>(&WINDOW_TYPE) {
+        let kind = if key.holds(&BUDGET_TYPE) {
+            Ok(Kind::Budget)
+        } else if key.holds(&WINDOW_TYPE) {
+            match key.value::<Window>(&WINDOW_TYPE) {
                 Ok(Some(w)) if w.config().is_some() => Ok(Kind::Window),
-                Ok(_) => Err(no_window_config()),
+                _ => Err(no_window_config()),
+            }
+        } else {
+            // Empty, or another type.
+            match key.value::<Budget>(&BUDGET_TYPE) {
+                Ok(_) => Err(RedisError::Str(
+                    "NOQUOTA no budget or window at a listed key (create it with QUOTA.SET)",
+                )),
                 Err(_) => Err(RedisError::WrongType),
-            },
+            }
         };
         match kind {
             Ok(kind) => opened.push(Opened { name, key, kind }),
@@ -200,7 +220,7 @@ fn unchanged_all(opened: &mut [Opened]) {
 }
 
 /// The stored values of the keys, for planning.
-fn limits<'k>(opened: &'k [Opened]) -> Result<Vec<Limit<'k>>, RedisError> {
+fn limits<'k>(opened: &'k [Opened]) -> Result<SmallVec<[Limit<'k>; 8]>, RedisError> {
     opened
         .iter()
         .map(|o| match o.kind {
@@ -217,7 +237,7 @@ fn limits<'k>(opened: &'k [Opened]) -> Result<Vec<Limit<'k>>, RedisError> {
 }
 
 /// Each key's value now (a budget's available, a window's remaining).
-fn values_now(opened: &[Opened], wall: i64) -> Result<Vec<i64>, RedisError> {
+fn values_now(opened: &[Opened], wall: i64) -> Result<Values, RedisError> {
     Ok(limits(opened)?
         .into_iter()
         .map(|l| multi::value(l, wall))
@@ -233,69 +253,81 @@ fn plan_on<T>(
     planned.map_err(|e| abort(opened, e))
 }
 
+/// Refuses the command when a budget that would log its usage has a stream key holding
+/// another type: checked with the plan, before any key changes (a ledger change must not go
+/// unlogged, nor one key change without the others).
+fn check_streams<'e>(
+    ctx: &Context,
+    names: &[&RedisString],
+    limits: &[Limit],
+    planned: impl Iterator<Item = &'e KeyEffects>,
+) -> Result<(), RedisError> {
+    for ((l, p), name) in limits.iter().zip(planned).zip(names) {
+        if let (Limit::Budget(b), KeyEffects::Budget { effects, .. }) = (l, p) {
+            if usage::may_log(b, effects) {
+                usage::check_stream(ctx, b, effects).map_err(|e| naming_key(e, name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Applies every key's planned effects (keys with none are declared unchanged), replicates
 /// what was applied as one `QUOTA.MAPPLY` ([`crate::shell::mapply`]), and returns the value
-/// of each key afterwards. The plans were made on these very values, so an effect that does
-/// not apply is a bug; it is reported as the error, what was applied before it stays (and is
-/// replicated), as for `QUOTA.APPLY`.
+/// of each key afterwards. The plans were made on these very values (and their usage streams
+/// checked, [`check_streams`]), so an effect that does not apply is a bug; it is reported as
+/// the error, what was applied before it stays (and is replicated), as for `QUOTA.APPLY`.
 fn apply_all<'a>(
     ctx: &Context,
     opened: &mut [Opened<'a>],
     planned: &[KeyEffects],
     wall: i64,
-) -> Result<Vec<i64>, RedisError> {
-    // A budget whose usage stream key holds another type refuses the whole command before any
-    // key changes (a ledger change must not go unlogged, nor one key change without the others).
-    let mut refused = None;
-    for (o, p) in opened.iter().zip(planned) {
-        if let KeyEffects::Budget { effects, .. } = p {
-            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
-                if usage::may_log(b, effects) {
-                    if let Err(e) = usage::check_stream(ctx, b, effects) {
-                        refused = Some(naming_key(e, o.name));
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    if let Some(e) = refused {
-        return Err(abort(opened, e));
-    }
+) -> Result<Values, RedisError> {
     let mut failed = None;
+    let mut values = Values::with_capacity(opened.len());
     let mut batch = Batch::with_keys(opened.len());
     // Usage entries per budget (key index, time, entries), written after the replication.
     let mut logs = Vec::new();
     for (i, (o, p)) in opened.iter_mut().zip(planned).enumerate() {
-        if failed.is_some() || p.is_empty() {
+        if failed.is_some() {
             o.key.unchanged();
             continue;
         }
         let name: &'a RedisString = o.name;
-        let error = match p {
+        let (error, value) = match p {
+            _ if p.is_empty() => {
+                o.key.unchanged();
+                (None, value_of(o, wall))
+            }
             KeyEffects::Budget { now, effects } => match o.key.value_mut::<Budget>(&BUDGET_TYPE) {
                 Ok(Some(b)) => {
                     let mut log = Vec::new();
                     let logging = usage::may_log(b, effects).then_some(&mut log);
-                    let result = apply_counted_logged(ctx, name, b, *now, effects, logging).0;
+                    let (result, view) = apply_counted_logged(ctx, name, b, *now, effects, logging);
                     let applied = effects.get(..result.applied).unwrap_or(&[]);
                     count_releases(applied);
                     batch.budget(name, *now, applied);
                     if !log.is_empty() {
                         logs.push((i, *now, log));
                     }
-                    result.error
+                    // The budget's time is `now` after the apply (`Budget::now(wall)`).
+                    let available = match view {
+                        Some(v) => v.available,
+                        None => b.view(b.now(wall)).available,
+                    };
+                    (result.error, available)
                 }
-                Ok(None) => Some(noquota()),
-                Err(e) => Some(e),
+                Ok(None) => (Some(noquota()), -1),
+                Err(e) => (Some(e), -1),
             },
             KeyEffects::Window(effects) => {
                 let (applied, error) =
                     window_effects::apply_at_key(ctx, &mut o.key, name, wall, effects);
                 batch.window(name, wall, effects.get(..applied).unwrap_or(&[]));
-                error
+                (error, value_of(o, wall))
             }
         };
+        values.push(value);
         if error.is_some() {
             failed = error;
         }
@@ -312,8 +344,27 @@ fn apply_all<'a>(
     }
     match failed {
         Some(e) => Err(e),
-        None => values_now(opened, wall),
+        None => Ok(values),
     }
+}
+
+/// One key's value now (a budget's available, a window's remaining; -1 if it is gone).
+fn value_of(o: &Opened, wall: i64) -> i64 {
+    let limit = match o.kind {
+        Kind::Budget => o
+            .key
+            .value::<Budget>(&BUDGET_TYPE)
+            .ok()
+            .flatten()
+            .map(Limit::Budget),
+        Kind::Window => o
+            .key
+            .value::<Window>(&WINDOW_TYPE)
+            .ok()
+            .flatten()
+            .map(Limit::Window),
+    };
+    limit.map_or(-1, |l| multi::value(l, wall))
 }
 
 /// `QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ms] [KEEP n] [AT ms]`
@@ -324,7 +375,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     }
     let mut a = Args::new(args, 3)?;
     let names = parse_keys(&mut a, MRESERVE)?;
-    let mut amounts = Vec::with_capacity(names.len());
+    let mut amounts: SmallVec<[i64; MAX_KEYS]> = SmallVec::with_capacity(names.len());
     for _ in &names {
         let n = a.next_i64_as("amount")?;
         if n < 0 {
@@ -360,14 +411,24 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 check_new_id(b, id, max_id)?;
             }
         }
-        multi::plan_mreserve_keep(limits, &amounts, id, ttl, keep, wall, &policy)
-            .map_err(|e| key_error(&names, e))
+        let outcome = multi::plan_mreserve_keep(limits, &amounts, id, ttl, keep, wall, &policy)
+            .map_err(|e| key_error(&names, e))?;
+        if let MReserve::Granted { effects, .. } = &outcome {
+            check_streams(ctx, &names, limits, effects.iter())?;
+        }
+        Ok(outcome)
     })?;
     match outcome {
         MReserve::Retried { id } => {
             unchanged_all(&mut opened);
             stats::bump(&stats::MRESERVE_GRANTED);
-            Ok(reserve_reply(Some(&id), -1, 0, values_now(&opened, wall)?))
+            Ok(reserve_reply(
+                ctx,
+                Some(&id),
+                -1,
+                0,
+                &values_now(&opened, wall)?,
+            ))
         }
         MReserve::Denied {
             index,
@@ -377,44 +438,60 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             stats::bump(&stats::MRESERVE_DENIED);
             let index = i64::try_from(index).unwrap_or(-1);
             Ok(reserve_reply(
+                ctx,
                 None,
                 index,
                 retry_after_ms,
-                values_now(&opened, wall)?,
+                &values_now(&opened, wall)?,
             ))
         }
         MReserve::Granted { id, effects } => {
             let values = apply_all(ctx, &mut opened, &effects, wall)?;
             stats::bump(&stats::MRESERVE_GRANTED);
-            Ok(reserve_reply(Some(&id), -1, 0, values))
+            Ok(reserve_reply(ctx, Some(&id), -1, 0, &values))
         }
     }
 }
 
-fn reserve_reply(id: Option<&[u8]>, denied: i64, retry: i64, values: Vec<i64>) -> RedisValue {
-    RedisValue::Array(vec![
-        RedisValue::Integer(i64::from(id.is_some())),
-        match id {
-            Some(id) => RedisValue::StringBuffer(id.to_vec()),
-            None => RedisValue::Null,
-        },
-        RedisValue::Integer(denied),
-        RedisValue::Integer(retry),
-        RedisValue::Array(values.into_iter().map(RedisValue::Integer).collect()),
-    ])
+/// Replies `[granted, id|nil, denied_index, retry_after_ms, [value per key]]`, written
+/// straight to the client (no `RedisValue` tree).
+fn reserve_reply(
+    ctx: &Context,
+    id: Option<&[u8]>,
+    denied: i64,
+    retry: i64,
+    values: &[i64],
+) -> RedisValue {
+    raw::reply_with_array(ctx.ctx, 5);
+    raw::reply_with_long_long(ctx.ctx, i64::from(id.is_some()));
+    match id {
+        Some(id) => raw::reply_with_string_buffer(ctx.ctx, id.as_ptr().cast(), id.len()),
+        None => raw::reply_with_null(ctx.ctx),
+    };
+    raw::reply_with_long_long(ctx.ctx, denied);
+    raw::reply_with_long_long(ctx.ctx, retry);
+    raw::reply_with_array(ctx.ctx, len_of(values.len()));
+    for &v in values {
+        raw::reply_with_long_long(ctx.ctx, v);
+    }
+    RedisValue::NoReply
+}
+
+/// An array length for the reply functions.
+fn len_of(n: usize) -> std::os::raw::c_long {
+    std::os::raw::c_long::try_from(n).unwrap_or(0)
 }
 
 /// Applies the outcomes' effects and replies one `[status, amount, value]` per key.
 fn apply_outcomes(
     ctx: &Context,
     opened: &mut [Opened],
-    outcomes: Vec<KeyOutcome>,
+    outcomes: &[KeyOutcome],
     wall: i64,
 ) -> RedisResult {
-    let (rows, effects): (Vec<(KeyStatus, i64)>, Vec<KeyEffects>) =
-        outcomes.into_iter().map(|(s, n, e)| ((s, n), e)).unzip();
+    let effects: SmallVec<[KeyEffects; 8]> = outcomes.iter().map(|(_, _, e)| e.clone()).collect();
     let values = apply_all(ctx, opened, &effects, wall)?;
-    for (status, _) in &rows {
+    for (status, _, _) in outcomes {
         match status {
             KeyStatus::Settled | KeyStatus::Corrected => stats::bump(&stats::MSETTLED),
             KeyStatus::Late => stats::bump(&stats::MSETTLED_LATE),
@@ -422,18 +499,27 @@ fn apply_outcomes(
             _ => {}
         }
     }
-    Ok(RedisValue::Array(
-        rows.iter()
-            .zip(values)
-            .map(|((s, n), v)| {
-                RedisValue::Array(vec![
-                    RedisValue::SimpleStringStatic(s.name()),
-                    RedisValue::Integer(*n),
-                    RedisValue::Integer(v),
-                ])
-            })
-            .collect(),
-    ))
+    raw::reply_with_array(ctx.ctx, len_of(outcomes.len()));
+    for ((status, n, _), v) in outcomes.iter().zip(values) {
+        raw::reply_with_array(ctx.ctx, 3);
+        raw::reply_with_simple_string(ctx.ctx, status_word(*status).as_ptr());
+        raw::reply_with_long_long(ctx.ctx, *n);
+        raw::reply_with_long_long(ctx.ctx, v);
+    }
+    Ok(RedisValue::NoReply)
+}
+
+/// [`KeyStatus::name`] as the simple string of a reply.
+fn status_word(s: KeyStatus) -> &'static CStr {
+    match s {
+        KeyStatus::Settled => c"settled",
+        KeyStatus::Late => c"late",
+        KeyStatus::Corrected => c"corrected",
+        KeyStatus::RolledBack => c"rolledback",
+        KeyStatus::Duplicate => c"duplicate",
+        KeyStatus::Expired => c"expired",
+        KeyStatus::Skipped => c"skipped",
+    }
 }
 
 /// `QUOTA.MSETTLE numkeys key [key ...] id actual|ELAPSED [actual|ELAPSED ...] [AT ms]`
@@ -466,10 +552,12 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
-        multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy)
-            .map_err(|e| key_error(&names, e))
+        let outcomes = multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy)
+            .map_err(|e| key_error(&names, e))?;
+        check_streams(ctx, &names, limits, outcomes.iter().map(|(_, _, e)| e))?;
+        Ok(outcomes)
     })?;
-    apply_outcomes(ctx, &mut opened, outcomes, wall)
+    apply_outcomes(ctx, &mut opened, &outcomes, wall)
 }
 
 /// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
@@ -486,9 +574,12 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let outcomes = plan_on(&mut opened, |limits| {
-        multi::plan_mrollback(limits, id, wall, &policy).map_err(|e| key_error(&names, e))
+        let outcomes =
+            multi::plan_mrollback(limits, id, wall, &policy).map_err(|e| key_error(&names, e))?;
+        check_streams(ctx, &names, limits, outcomes.iter().map(|(_, _, e)| e))?;
+        Ok(outcomes)
     })?;
-    apply_outcomes(ctx, &mut opened, outcomes, wall)
+    apply_outcomes(ctx, &mut opened, &outcomes, wall)
 }
 
 /// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
@@ -510,7 +601,10 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let policy = config::policy();
     let mut opened = open_all(ctx, &names)?;
     let effects = plan_on(&mut opened, |limits| {
-        multi::plan_mextend(limits, id, ttl, wall, &policy).map_err(|e| key_error(&names, e))
+        let effects = multi::plan_mextend(limits, id, ttl, wall, &policy)
+            .map_err(|e| key_error(&names, e))?;
+        check_streams(ctx, &names, limits, effects.iter())?;
+        Ok(effects)
     })?;
     apply_all(ctx, &mut opened, &effects, wall)?;
     stats::bump(&stats::MEXTENDED);

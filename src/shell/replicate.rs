@@ -124,7 +124,8 @@ pub fn replicate_keys_packed(
     keys: &[&RedisString],
     packed: &Packed,
 ) {
-    let mut argv: Vec<*mut raw::RedisModuleString> = keys.iter().map(|k| k.inner).collect();
+    let mut argv: smallvec::SmallVec<[*mut raw::RedisModuleString; 16]> =
+        keys.iter().map(|k| k.inner).collect();
     let bytes = packed.as_bytes();
     let n = argv.len();
     // SAFETY: a live context, key strings and buffer for the duration of the call; "l" takes a

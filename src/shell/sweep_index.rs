@@ -102,10 +102,24 @@ pub fn track_budget(db: i32, key: &[u8], budget: &Budget) {
 
 /// Indexes a window key after a change: due when its oldest remembered id leaves the window.
 /// A key without ids is left alone unless it `had_ids` before the change (its entry goes).
+/// Most writes (a new id behind the oldest) leave the due time where the index has it: the
+/// window's [`IndexTag`](crate::core::ledger::IndexTag) says so, as a budget's does.
 pub fn track_window(db: i32, key: &[u8], window: &Window, had_ids: bool) {
-    if had_ids || !window.remembered().is_empty() {
-        track(db, key, window.ids_due_ms());
+    if !had_ids && window.remembered().is_empty() {
+        return;
     }
+    let due = window.ids_due_ms();
+    let Some(tag) = window.index_tag() else {
+        track(db, key, due);
+        return;
+    };
+    let epoch = EPOCH.load(Ordering::Relaxed);
+    let (tagged_epoch, indexed) = tag.get();
+    if tagged_epoch == epoch && covers(indexed, due) {
+        return;
+    }
+    let indexed = track(db, key, due);
+    tag.set(epoch, indexed);
 }
 
 /// Is some key due at `now`?

@@ -19,13 +19,16 @@
 //! So for every budget key, the sum of `charged` over the entries whose `period_start` is the
 //! current period's start equals `used` (QUOTA.INFO).
 //!
-//! The entry is added with `XADD stream MAXLEN ~ n * field value ...` through `RedisModule_Call`
-//! with the `!` flag: Redis picks the entry id on the master and propagates the XADD it
-//! executed, rewritten with the explicit id and an exact trim (`MAXLEN = length`), to replicas
-//! and the AOF, in the same MULTI/EXEC as the command's `QUOTA.APPLY`. Replicas and AOF replays
-//! never log themselves: they apply the master's XADD.
+//! The entry is added on the master through the stream module API (`RedisModule_StreamAdd`
+//! with an id the server picks, then `RedisModule_StreamTrimByLength`, approximate), with the
+//! keyspace events an XADD fires, and replicated as what Redis propagates for an `XADD stream
+//! MAXLEN ~ n * ...`: `XADD stream MAXLEN = <length after the trim> <id> field value ...`,
+//! after the command's `QUOTA.APPLY` in the same MULTI/EXEC. No command is run (issue 21's
+//! cost goal: a nested XADD was ~45 % of a RESERVE+SETTLE cycle). Where the server lacks that
+//! API the XADD runs through `RedisModule_Call` with `!`, which propagates the same. Replicas
+//! and AOF replays never log themselves: they apply the master's XADD.
 
-use std::os::raw::c_int;
+use std::os::raw::{c_char, c_int, c_longlong};
 
 use redis_module::{raw, Context, KeyType, RedisError, RedisString};
 
@@ -248,6 +251,7 @@ pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> 
 struct Words {
     maxlen: *mut raw::RedisModuleString,
     approx: *mut raw::RedisModuleString,
+    exact: *mut raw::RedisModuleString,
     auto_id: *mut raw::RedisModuleString,
     /// key, event, id, held, charged, used, period_start, at.
     fields: [*mut raw::RedisModuleString; 8],
@@ -298,10 +302,11 @@ fn words() -> Option<(Words, [*mut raw::RedisModuleString; 8])> {
     let w = Words {
         maxlen: string(b"MAXLEN"),
         approx: string(b"~"),
+        exact: string(b"="),
         auto_id: string(b"*"),
         fields,
     };
-    let all_made = [w.maxlen, w.approx, w.auto_id]
+    let all_made = [w.maxlen, w.approx, w.exact, w.auto_id]
         .iter()
         .chain(fields.iter())
         .chain(events.iter())
@@ -321,9 +326,9 @@ pub const FIELDS: [&str; 8] = [
     "at",
 ];
 
-/// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one XADD
-/// each through `RedisModule_Call` with `!` (Redis propagates it as executed) and `E`. A failed
-/// XADD (never expected: the type was checked) is logged and counted (`INFO quota`
+/// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one entry
+/// each (see the module docs for how, and what is replicated). A failed add (never expected:
+/// the type was checked) is logged and counted (`INFO quota`
 /// `usage_stream_errors`), never a crash.
 pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries: &[UsageEntry]) {
     if entries.is_empty() {
@@ -345,7 +350,7 @@ pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries:
     }
 }
 
-/// The XADDs of [`write`]; returns how many failed.
+/// The entries of [`write`], added one by one; returns how many failed.
 fn xadd_all(
     ctx: &Context,
     key: &RedisString,
@@ -355,18 +360,104 @@ fn xadd_all(
     w: &Words,
     events: &[*mut raw::RedisModuleString; 8],
 ) -> usize {
-    // Made once per write, shared by its entries; freed at the end.
-    let (stream, max_len, at_s) = (string(&log.stream), int_string(log.max_len), int_string(at));
-    let mut owned = vec![stream, max_len, at_s];
+    if !xadd_known(ctx) {
+        return entries.len();
+    }
+    // Made once per write, shared by its entries.
+    let (stream, at_s) = (string(&log.stream), int_string(at));
+    let failed = if stream.is_null() || at_s.is_null() {
+        entries.len()
+    } else if let Some(api) = StreamApi::get() {
+        match api.open(ctx, stream) {
+            Some(open) => {
+                let failed = each_row(key, at_s, entries, w, events, |row| {
+                    open.add(ctx, stream, log.max_len, row, w)
+                });
+                open.close(ctx, stream, failed < entries.len());
+                failed
+            }
+            None => entries.len(),
+        }
+    } else {
+        let max_len = int_string(log.max_len);
+        let failed = each_row(key, at_s, entries, w, events, |row| {
+            call_xadd_row(ctx, stream, log.max_len, max_len, row, w)
+        });
+        free_string(max_len);
+        failed
+    };
+    free_string(stream);
+    free_string(at_s);
+    failed
+}
+
+std::thread_local! {
+    /// [`xadd_known`]'s answer, once asked.
+    static XADD_KNOWN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Is `XADD` a command of this server? The entries are replicated as XADDs: with XADD renamed
+/// away (`rename-command XADD ...`) `RedisModule_Replicate` would refuse them and replicas would
+/// miss entries the master has, so none are added (each counted as a failed entry, as the
+/// nested XADD failed before). Asked once (rename-command is fixed at startup):
+/// `RedisModule_Call` of XADD without arguments runs nothing, failing with `ENOENT` for an
+/// unknown command and `EINVAL` (arity) for a known one.
+fn xadd_known(ctx: &Context) -> bool {
+    if let Ok(Some(known)) = XADD_KNOWN.try_with(std::cell::Cell::get) {
+        return known;
+    }
+    // SAFETY: a live context; no arguments after the format. A reply (never expected) is
+    // freed once.
+    let known = unsafe {
+        let (Some(call), Some(free)) = (raw::RedisModule_Call, raw::RedisModule_FreeCallReply)
+        else {
+            return false;
+        };
+        let reply = call(ctx.ctx, c"XADD".as_ptr(), c"".as_ptr());
+        if reply.is_null() {
+            std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT)
+        } else {
+            free(reply);
+            true
+        }
+    };
+    let _ = XADD_KNOWN.try_with(|k| k.set(Some(known)));
+    known
+}
+
+/// Frees a string made by [`string`] (null: nothing).
+fn free_string(s: *mut raw::RedisModuleString) {
+    if s.is_null() {
+        return;
+    }
+    // SAFETY: created without a context by [`string`]; each caller frees its string once.
+    unsafe {
+        if let Some(free) = raw::RedisModule_FreeString {
+            free(std::ptr::null_mut(), s);
+        }
+    }
+}
+
+/// Calls `add` with each entry's 16 field and value strings (on the stack: no allocation but
+/// the values' strings), freeing the values after; returns how many entries failed (a string
+/// that could not be made, or `add` returning false).
+fn each_row(
+    key: &RedisString,
+    at_s: *mut raw::RedisModuleString,
+    entries: &[UsageEntry],
+    w: &Words,
+    events: &[*mut raw::RedisModuleString; 8],
+    mut add: impl FnMut(&mut [*mut raw::RedisModuleString; 16]) -> bool,
+) -> usize {
     let mut failed: usize = 0;
     for e in entries {
-        let event = match EVENTS.iter().position(|n| *n == e.event) {
-            Some(i) => events.get(i).copied().unwrap_or(std::ptr::null_mut()),
-            None => {
-                let s = string(e.event.as_bytes());
-                owned.push(s);
-                s
-            }
+        let known = EVENTS
+            .iter()
+            .position(|n| *n == e.event)
+            .and_then(|i| events.get(i).copied());
+        let made_event = match known {
+            Some(_) => std::ptr::null_mut(),
+            None => string(e.event.as_bytes()),
         };
         let per_entry = [
             string(&e.id),
@@ -377,7 +468,7 @@ fn xadd_all(
         ];
         let values = [
             key.inner,
-            event,
+            known.unwrap_or(made_event),
             per_entry[0],
             per_entry[1],
             per_entry[2],
@@ -385,31 +476,265 @@ fn xadd_all(
             per_entry[4],
             at_s,
         ];
-        let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
-        argv.push(stream);
-        if log.max_len > 0 {
-            argv.extend([w.maxlen, w.approx, max_len]);
+        let mut row = [std::ptr::null_mut(); 16];
+        for (pair, (f, v)) in row.chunks_exact_mut(2).zip(w.fields.iter().zip(values)) {
+            pair.copy_from_slice(&[*f, v]);
         }
-        argv.push(w.auto_id);
-        for (f, v) in w.fields.iter().zip(values) {
-            argv.extend([*f, v]);
-        }
-        if argv.iter().any(|p| p.is_null()) || !call_xadd(ctx, &mut argv) {
+        if row.iter().any(|p| p.is_null()) || !add(&mut row) {
             failed = failed.saturating_add(1);
         }
-        owned.extend(per_entry);
-    }
-    for s in owned {
-        if !s.is_null() {
-            // SAFETY: each was created above without a context and is freed once.
-            unsafe {
-                if let Some(free) = raw::RedisModule_FreeString {
-                    free(std::ptr::null_mut(), s);
-                }
-            }
+        // Redis took its own references (the stream copies, replication and calls retain).
+        for s in per_entry {
+            free_string(s);
         }
+        free_string(made_event);
     }
     failed
+}
+
+/// The stream module API (Redis ≥ 6.2, Valkey), when the server exports every function used.
+struct StreamApi {
+    open: unsafe extern "C" fn(
+        *mut raw::RedisModuleCtx,
+        *mut raw::RedisModuleString,
+        c_int,
+    ) -> *mut raw::RedisModuleKey,
+    close: unsafe extern "C" fn(*mut raw::RedisModuleKey),
+    key_type: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> c_int,
+    length: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> usize,
+    delete: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> c_int,
+    signal_modified:
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *mut raw::RedisModuleString) -> c_int,
+    add: unsafe extern "C" fn(
+        *mut raw::RedisModuleKey,
+        c_int,
+        *mut raw::RedisModuleStreamID,
+        *mut *mut raw::RedisModuleString,
+        i64,
+    ) -> c_int,
+    trim: unsafe extern "C" fn(*mut raw::RedisModuleKey, c_int, c_longlong) -> c_longlong,
+    notify: unsafe extern "C" fn(
+        *mut raw::RedisModuleCtx,
+        c_int,
+        *const c_char,
+        *mut raw::RedisModuleString,
+    ) -> c_int,
+    replicate:
+        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
+}
+
+/// A stream key open for writing through [`StreamApi`]; [`OpenStream::close`] closes it.
+struct OpenStream<'a> {
+    api: &'a StreamApi,
+    key: *mut raw::RedisModuleKey,
+    was_empty: bool,
+}
+
+impl StreamApi {
+    fn get() -> Option<StreamApi> {
+        // SAFETY: copies of function pointers written once by RedisModule_Init (null, i.e.
+        // `None`, where the server does not export the function).
+        unsafe {
+            Some(StreamApi {
+                open: raw::RedisModule_OpenKey?,
+                close: raw::RedisModule_CloseKey?,
+                key_type: raw::RedisModule_KeyType?,
+                length: raw::RedisModule_ValueLength?,
+                delete: raw::RedisModule_DeleteKey?,
+                signal_modified: raw::RedisModule_SignalModifiedKey?,
+                add: raw::RedisModule_StreamAdd?,
+                trim: raw::RedisModule_StreamTrimByLength?,
+                notify: raw::RedisModule_NotifyKeyspaceEvent?,
+                replicate: raw::RedisModule_Replicate?,
+            })
+        }
+    }
+
+    /// Opens `stream` for writing (None: Redis refused).
+    fn open(&self, ctx: &Context, stream: *mut raw::RedisModuleString) -> Option<OpenStream<'_>> {
+        // SAFETY: a live context and key string; the handle is closed once by `close`.
+        let key = unsafe { (self.open)(ctx.ctx, stream, raw::REDISMODULE_WRITE as c_int) };
+        if key.is_null() {
+            return None;
+        }
+        // SAFETY: the handle just opened.
+        let was_empty = unsafe { (self.key_type)(key) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
+        Some(OpenStream {
+            api: self,
+            key,
+            was_empty,
+        })
+    }
+}
+
+impl OpenStream<'_> {
+    /// Adds one entry (`row`: 8 field/value pairs) as `XADD stream MAXLEN ~ max_len * ...`
+    /// would (no trim when `max_len` is 0), without running a command:
+    /// `RedisModule_StreamAdd` with an id picked by the server, the approximate trim, the
+    /// keyspace events XADD fires (`xadd`, and `xtrim` if the trim removed entries), and the
+    /// replication of what Redis itself propagates for that XADD, `XADD stream MAXLEN =
+    /// <length after the trim> <id> field value ...` (`XADD stream <id> ...` without a trim),
+    /// after the command's `QUOTA.APPLY`. True if it was added and replicated.
+    fn add(
+        &self,
+        ctx: &Context,
+        stream: *mut raw::RedisModuleString,
+        max_len: i64,
+        row: &mut [*mut raw::RedisModuleString; 16],
+        w: &Words,
+    ) -> bool {
+        let api = self.api;
+        let mut id = raw::RedisModuleStreamID { ms: 0, seq: 0 };
+        // SAFETY: a key open for writing; `row` holds 8 live field/value pairs, which Redis
+        // copies into the stream.
+        let added = unsafe {
+            (api.add)(
+                self.key,
+                raw::REDISMODULE_STREAM_ADD_AUTOID as c_int,
+                &mut id,
+                row.as_mut_ptr(),
+                8,
+            )
+        };
+        if added != raw::REDISMODULE_OK as c_int {
+            return false;
+        }
+        // SAFETY: a live context, event name and key string.
+        unsafe {
+            (api.notify)(
+                ctx.ctx,
+                raw::REDISMODULE_NOTIFY_STREAM,
+                c"xadd".as_ptr(),
+                stream,
+            );
+        }
+        let mut id_text = [0u8; 41];
+        let id_len = format_id(&id, &mut id_text);
+        let status = if max_len > 0 {
+            // SAFETY: a key open for writing that holds a stream (the add succeeded).
+            let mut length = unsafe { (api.length)(self.key) };
+            // A stream no longer than `max_len` is left as it is by the trim (Redis returns
+            // before changing anything): skip the call.
+            if u64::try_from(length).map_or(true, |n| n > max_len.unsigned_abs()) {
+                // SAFETY: as above.
+                let trimmed = unsafe {
+                    (api.trim)(
+                        self.key,
+                        raw::REDISMODULE_STREAM_TRIM_APPROX as c_int,
+                        c_longlong::from(max_len),
+                    )
+                };
+                if trimmed > 0 {
+                    // SAFETY: as for `xadd`.
+                    unsafe {
+                        (api.notify)(
+                            ctx.ctx,
+                            raw::REDISMODULE_NOTIFY_STREAM,
+                            c"xtrim".as_ptr(),
+                            stream,
+                        );
+                    }
+                }
+                // SAFETY: as above.
+                length = unsafe { (api.length)(self.key) };
+            }
+            let length = c_longlong::try_from(length).unwrap_or(c_longlong::MAX);
+            // SAFETY: a live context; "ssslbv" takes three RedisModuleString*, a long long,
+            // (const char*, size_t) and (RedisModuleString**, size_t); Redis copies the
+            // buffer and takes its own references to the strings.
+            unsafe {
+                (api.replicate)(
+                    ctx.ctx,
+                    c"XADD".as_ptr(),
+                    c"ssslbv".as_ptr(),
+                    stream,
+                    w.maxlen,
+                    w.exact,
+                    length,
+                    id_text.as_ptr().cast::<c_char>(),
+                    id_len,
+                    row.as_mut_ptr(),
+                    row.len(),
+                )
+            }
+        } else {
+            // SAFETY: as above, with "sbv".
+            unsafe {
+                (api.replicate)(
+                    ctx.ctx,
+                    c"XADD".as_ptr(),
+                    c"sbv".as_ptr(),
+                    stream,
+                    id_text.as_ptr().cast::<c_char>(),
+                    id_len,
+                    row.as_mut_ptr(),
+                    row.len(),
+                )
+            }
+        };
+        status == raw::REDISMODULE_OK as c_int
+    }
+
+    /// Closes the key. `added`: entries were added, so the key is signalled as modified
+    /// (`WATCH`, client tracking: the module sets `NO_IMPLICIT_SIGNAL_MODIFIED`, so closing
+    /// does not). Blocked readers (XREAD, XREADGROUP BLOCK) are woken by Redis on closing a
+    /// key that got a StreamAdd (or on creating the stream). A stream this call created but
+    /// could not add to is removed (Redis 7.0's StreamAdd leaves it; Valkey's removes it).
+    fn close(self, ctx: &Context, stream: *mut raw::RedisModuleString, added: bool) {
+        let api = self.api;
+        // SAFETY: the handle opened by `StreamApi::open`, closed once here.
+        unsafe {
+            if added {
+                (api.signal_modified)(ctx.ctx, stream);
+            }
+            if self.was_empty
+                && (api.key_type)(self.key) == raw::REDISMODULE_KEYTYPE_STREAM as c_int
+                && (api.length)(self.key) == 0
+            {
+                (api.delete)(self.key);
+            }
+            (api.close)(self.key);
+        }
+    }
+}
+
+/// Writes `<ms>-<seq>` into `out`; returns its length (at most 41: two u64 and a dash).
+fn format_id(id: &raw::RedisModuleStreamID, out: &mut [u8; 41]) -> usize {
+    let mut b = itoa::Buffer::new();
+    let mut len: usize = 0;
+    for part in [
+        b.format(id.ms).as_bytes(),
+        b"-",
+        itoa::Buffer::new().format(id.seq).as_bytes(),
+    ] {
+        let end = len.saturating_add(part.len());
+        if let Some(dst) = out.get_mut(len..end) {
+            dst.copy_from_slice(part);
+            len = end;
+        }
+    }
+    len
+}
+
+/// The fallback where the server lacks the stream API: `XADD stream [MAXLEN ~ n] * ...` through
+/// `RedisModule_Call` with `!` (Redis propagates the XADD it executed, rewritten with the id
+/// and an exact trim). True if it replied without an error.
+fn call_xadd_row(
+    ctx: &Context,
+    stream: *mut raw::RedisModuleString,
+    max_len: i64,
+    max_len_s: *mut raw::RedisModuleString,
+    row: &[*mut raw::RedisModuleString; 16],
+    w: &Words,
+) -> bool {
+    let mut argv: Vec<*mut raw::RedisModuleString> = Vec::with_capacity(21);
+    argv.push(stream);
+    if max_len > 0 {
+        argv.extend([w.maxlen, w.approx, max_len_s]);
+    }
+    argv.push(w.auto_id);
+    argv.extend_from_slice(row);
+    !argv.iter().any(|p| p.is_null()) && call_xadd(ctx, &mut argv)
 }
 
 /// `RedisModule_Call(ctx, "XADD", "!Ev", argv, argc)`: true if it replied without an error.
@@ -471,6 +796,16 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_ids_are_formatted_as_redis_does() {
+        let mut out = [0u8; 41];
+        let id = |ms, seq| raw::RedisModuleStreamID { ms, seq };
+        let n = format_id(&id(1_796_139_861_470, 0), &mut out);
+        assert_eq!(&out[..n], b"1796139861470-0");
+        let n = format_id(&id(u64::MAX, u64::MAX), &mut out);
+        assert_eq!(&out[..n], b"18446744073709551615-18446744073709551615");
+    }
 
     #[test]
     fn key_slots_match_redis_cluster() {
