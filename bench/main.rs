@@ -194,7 +194,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let cfg = Config::from_env()?;
-    let module = server::module_path()?;
+    let module = server::module_path("run `make bench` (it builds the release module)")?;
     let began = Instant::now();
     let mut results = report::Results::default();
 

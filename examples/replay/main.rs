@@ -78,6 +78,7 @@
 pub mod export;
 pub mod quota;
 mod report;
+#[path = "../common/server.rs"]
 mod server;
 mod trace;
 
@@ -284,12 +285,14 @@ pub fn run(config: Config) -> Result<Finished> {
     let (url, _server, where_) = match config.redis_url.clone() {
         Some(url) => (url.clone(), None, format!("REDIS_URL={url}")),
         None => {
-            let server = server::Server::start(&server::module_path()?)?;
+            let module =
+                server::module_path("build it with `cargo build --release` (or run `make demo`)")?;
+            let server = server::Server::spawn("replay", &module, &[], None)?;
             let url = format!("redis://127.0.0.1:{}/", server.port);
             let where_ = format!(
                 "own redis-server on 127.0.0.1:{} with {}",
                 server.port,
-                server.module.display()
+                module.display()
             );
             (url, Some(server), where_)
         }

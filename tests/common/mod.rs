@@ -428,3 +428,19 @@ pub fn info_section(
         .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
         .collect()
 }
+
+/// The arguments of a command written as one line (split on white space; none may be empty or
+/// hold a space).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// [`ok`] for a command written as one line ([`words`]).
+pub fn ok_line(con: &mut redis::Connection, line: &str) -> Value {
+    ok(con, &words(line))
+}
+
+/// [`err`] for a command written as one line ([`words`]).
+pub fn err_line(con: &mut redis::Connection, line: &str) -> (String, String) {
+    err(con, &words(line))
+}
