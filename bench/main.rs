@@ -32,15 +32,6 @@
 //!
 //! Benchmarks are not tests: nothing here asserts a timing; goals are reported met / not met.
 
-// A benchmark client, not module code: the no-panic lints guard the module only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
-
 mod complexity;
 mod load;
 mod memory;

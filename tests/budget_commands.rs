@@ -1,13 +1,5 @@
 //! Integration: every budget command, reply shape and error, through redis-rs, RESP2 and RESP3.
 //! Time is driven with `AT` (quota.test-clock yes) where it matters.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -3,13 +3,6 @@
 //! it: routing of every command, replica reads, a slot moved under load (ASK/MOVED), and
 //! failovers (graceful and SIGKILL) with acknowledged writes, the sweeper and replica digests.
 //! Runs on `$REDIS_SERVER` (redis-server, and valkey-server in `make test`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 

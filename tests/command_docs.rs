@@ -1,13 +1,5 @@
 //! The commands document themselves: `COMMAND DOCS`, `COMMAND INFO`, `COMMAND GETKEYS` and
 //! `QUOTA.HELP` for every `QUOTA.*` command, as set at load from src/shell/command_docs.rs.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

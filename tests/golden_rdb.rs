@@ -1,13 +1,5 @@
 //! Golden RDB files, one per encoding version, written by earlier builds and committed under
 //! tests/fixtures/. A format change that stops old files loading fails here.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

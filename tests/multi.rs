@@ -5,13 +5,6 @@
 //!
 //! Time is driven with `AT` (quota.test-clock yes) from `T0`, far in the future of the wall
 //! clock, so nothing expires on its own while a test runs.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -1,14 +1,6 @@
 //! Issue 22: what an expired reservation costs (ONEXPIRE RELEASE|CHARGE|ELAPSED), time budgets
 //! measured by the server (UNIT, SETTLE ... ELAPSED, heartbeats in QUOTA.PENDING) and headroom
 //! (KEEP). Time is driven with `AT` (quota.test-clock yes) unless a test needs the sweeper.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

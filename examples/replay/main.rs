@@ -66,15 +66,6 @@
 //! `target/release/quota-export` if built, else the export is skipped and the output says so)
 //! and `EXPORT_DB` (default `target/demo-usage.sqlite`).
 
-// A demo client, not module code: the no-panic lints guard the module only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
-
 pub mod export;
 pub mod quota;
 mod report;

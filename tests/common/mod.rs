@@ -1,14 +1,7 @@
 //! Test harness: each test starts its own server (free port, the freshly built module, a
 //! temp dir) and stops it on drop. Never depends on a server already running. The binary is
 //! `$REDIS_SERVER` (default `redis-server`; `make test` also runs everything on `valkey-server`).
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
