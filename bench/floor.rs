@@ -13,6 +13,14 @@
 //! Not part of the product: an example target (`cargo build --release --example apifloor`).
 
 #![allow(clippy::missing_safety_doc)]
+// Module code, loaded into Redis: held to the library's no-panic lints.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
 
 use std::os::raw::{c_char, c_int};
 

@@ -965,25 +965,14 @@ fn queue_mreserve(
     let id = client_id(t, *n);
     *n += 1;
     let m = &multi_keys()[k];
+    let call = (scripts.mreserve.as_str(), &b"QUOTA.MRESERVE"[..]);
     if lua {
-        // EVALSHA sha numkeys detail keys.. nb nw id ttl amounts..
-        p.cmd(3 + 1 + m.lua.len() + 4 + MULTI_KEYS).bulk(b"EVALSHA");
-        p.bulk(scripts.mreserve.as_bytes());
-        p.int(1 + m.lua.len() as i64);
-        p.bulk(format!("{}{id}", m.detail).as_bytes());
-        for key in &m.lua {
-            p.bulk(key);
-        }
-        p.int(MULTI_BUDGETS as i64);
-        p.int((MULTI_KEYS - MULTI_BUDGETS) as i64);
-        p.bulk(id.as_bytes());
+        // ... ttl amounts..
+        queue_multi_head(p, m, lua, call, &id, 1 + MULTI_KEYS);
         p.int(3600);
     } else {
-        p.cmd(2 + 2 * MULTI_KEYS).bulk(b"QUOTA.MRESERVE");
-        p.int(MULTI_KEYS as i64);
-        for key in &m.module {
-            p.bulk(key);
-        }
+        // ... amounts..
+        queue_multi_head(p, m, lua, call, &id, MULTI_KEYS);
     }
     for a in MULTI_AMOUNTS {
         p.int(a);
@@ -991,28 +980,48 @@ fn queue_mreserve(
     (k, id)
 }
 
-/// Queues the settle of tenant `k`'s reservation `id` at [`MULTI_ACTUALS`]: msettle.lua or
-/// `QUOTA.MSETTLE`.
-fn queue_msettle(p: &mut Packed, scripts: &Scripts, lua: bool, k: usize, id: &str) {
-    let m = &multi_keys()[k];
-    if lua {
-        // EVALSHA sha numkeys detail keys.. nb nw id actuals..
-        p.cmd(3 + 1 + m.lua.len() + 3 + MULTI_KEYS).bulk(b"EVALSHA");
-        p.bulk(scripts.msettle.as_bytes());
-        p.int(1 + m.lua.len() as i64);
-        p.bulk(format!("{}{id}", m.detail).as_bytes());
-        for key in &m.lua {
-            p.bulk(key);
-        }
-        p.int(MULTI_BUDGETS as i64);
-        p.int((MULTI_KEYS - MULTI_BUDGETS) as i64);
-        p.bulk(id.as_bytes());
-    } else {
-        p.cmd(3 + 2 * MULTI_KEYS).bulk(b"QUOTA.MSETTLE");
+/// Queues the start of a multi-key call on `m`'s keys, `more` arguments to follow: with `lua`,
+/// `EVALSHA sha numkeys detail keys.. nb nw id` (mreserve.lua, msettle.lua); else the module's
+/// `name numkeys keys..`.
+fn queue_multi_head(
+    p: &mut Packed,
+    m: &MultiKeys,
+    lua: bool,
+    (sha, name): (&str, &[u8]),
+    id: &str,
+    more: usize,
+) {
+    if !lua {
+        p.cmd(2 + MULTI_KEYS + more).bulk(name);
         p.int(MULTI_KEYS as i64);
         for key in &m.module {
             p.bulk(key);
         }
+        return;
+    }
+    p.cmd(3 + 1 + m.lua.len() + 3 + more).bulk(b"EVALSHA");
+    p.bulk(sha.as_bytes());
+    p.int(1 + m.lua.len() as i64);
+    p.bulk(format!("{}{id}", m.detail).as_bytes());
+    for key in &m.lua {
+        p.bulk(key);
+    }
+    p.int(MULTI_BUDGETS as i64);
+    p.int((MULTI_KEYS - MULTI_BUDGETS) as i64);
+    p.bulk(id.as_bytes());
+}
+
+/// Queues the settle of tenant `k`'s reservation `id` at [`MULTI_ACTUALS`]: msettle.lua or
+/// `QUOTA.MSETTLE`.
+fn queue_msettle(p: &mut Packed, scripts: &Scripts, lua: bool, k: usize, id: &str) {
+    let m = &multi_keys()[k];
+    let call = (scripts.msettle.as_str(), &b"QUOTA.MSETTLE"[..]);
+    if lua {
+        // ... actuals..
+        queue_multi_head(p, m, lua, call, id, MULTI_KEYS);
+    } else {
+        // ... id actuals..
+        queue_multi_head(p, m, lua, call, id, 1 + MULTI_KEYS);
         p.bulk(id.as_bytes());
     }
     for a in MULTI_ACTUALS {

@@ -32,15 +32,6 @@
 //!
 //! Benchmarks are not tests: nothing here asserts a timing; goals are reported met / not met.
 
-// A benchmark client, not module code: the no-panic lints guard the module only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
-
 mod complexity;
 mod load;
 mod memory;
@@ -194,7 +185,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let cfg = Config::from_env()?;
-    let module = server::module_path()?;
+    let module = server::module_path("run `make bench` (it builds the release module)")?;
     let began = Instant::now();
     let mut results = report::Results::default();
 

@@ -399,10 +399,8 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
                 &mut con,
                 items,
                 |p, i| {
-                    let c = p.cmd("QUOTA.MRESERVE").arg(MULTI_KEYS);
-                    for k in &tenants[i % MEM_KEYS].module {
-                        c.arg(k);
-                    }
+                    let tenant = &tenants[i % MEM_KEYS].module[..];
+                    let c = p.cmd("QUOTA.MRESERVE").arg(MULTI_KEYS).arg(tenant);
                     c.arg(&MULTI_AMOUNTS[..]).arg("ID").arg(id16(i));
                 },
                 |v| first_is(v, 1),
@@ -421,10 +419,8 @@ fn measure_multi(module: &Path, items: usize, r: &mut MemoryResults) -> Result<(
                 &mut con,
                 items,
                 |p, i| {
-                    let c = p.cmd("QUOTA.MSETTLE").arg(MULTI_KEYS);
-                    for k in &tenants[i % MEM_KEYS].module {
-                        c.arg(k);
-                    }
+                    let tenant = &tenants[i % MEM_KEYS].module[..];
+                    let c = p.cmd("QUOTA.MSETTLE").arg(MULTI_KEYS).arg(tenant);
                     c.arg(id16(i)).arg(&MULTI_ACTUALS[..]);
                 },
                 |v| matches!(v, Value::Array(a) if a.len() == MULTI_KEYS),

@@ -1,38 +1,16 @@
-//! The server (`$REDIS_SERVER`, default redis-server) a benchmark phase runs against: started on a free port with the module,
-//! no persistence, a temp dir; killed and removed on drop. Plus `INFO` parsing helpers.
+//! The server a benchmark phase runs against (examples/common/server.rs: a free port, the module,
+//! no persistence, a temp dir; killed and removed on drop), plus `INFO` parsing helpers and CPU
+//! pinning.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use crate::Result;
 
-/// The server binary: `$REDIS_SERVER` (e.g. `valkey-server`), else `redis-server`.
-pub fn server_bin() -> String {
-    std::env::var("REDIS_SERVER")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "redis-server".into())
-}
-
-/// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
-/// to `--dir` before loading modules).
-pub fn module_path() -> Result<PathBuf> {
-    let path = match std::env::var_os("QUOTA_MODULE") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_quota.so"),
-    };
-    std::fs::canonicalize(&path).map_err(|e| {
-        format!(
-            "module not found at {} ({e}): run `make bench` (it builds the release module), \
-             or set QUOTA_MODULE",
-            path.display()
-        )
-        .into()
-    })
-}
+#[path = "../examples/common/server.rs"]
+mod spawn;
+pub use spawn::{module_path, Server};
 
 /// `$QUOTA_FLOOR_MODULE`, else `target/release/examples/libapifloor.so` (bench/floor.rs, built
 /// by `make bench`); `None` if it is not there (the floor row is then left out).
@@ -44,12 +22,6 @@ pub fn floor_module_path() -> Option<PathBuf> {
         }
     };
     std::fs::canonicalize(path).ok()
-}
-
-pub struct Server {
-    pub port: u16,
-    dir: PathBuf,
-    child: Child,
 }
 
 impl Server {
@@ -65,104 +37,16 @@ impl Server {
         tag: &str,
         module_args: &[&str],
     ) -> Result<Server> {
-        let dir =
-            std::env::temp_dir().join(format!("redis-quota-bench-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("cannot find a free port: {e}"))?
-            .port();
-        let mut load = vec![module.display().to_string()];
-        load.extend(module_args.iter().map(|s| s.to_string()));
-        let mut cmd = Command::new(server_bin());
-        if let Some(extra) = extra {
-            cmd.arg("--loadmodule").arg(extra);
-        }
-        let child = cmd
-            .arg("--port")
-            .arg(port.to_string())
-            .arg("--bind")
-            .arg("127.0.0.1")
-            .arg("--save")
-            .arg("")
-            .arg("--appendonly")
-            .arg("no")
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .arg("--loadmodule")
-            .args(&load)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot run {} ({e}): install it with `make deps`",
-                    server_bin()
-                )
-            })?;
-        let mut server = Server { port, dir, child };
-        server.wait_ready()?;
-        Ok(server)
-    }
-
-    pub fn client(&self) -> Result<redis::Client> {
-        Ok(redis::Client::open(format!(
-            "redis://127.0.0.1:{}/",
-            self.port
-        ))?)
+        Server::spawn(&format!("bench-{tag}"), module, module_args, extra)
     }
 
     pub fn connection(&self) -> Result<redis::Connection> {
         Ok(self.client()?.get_connection()?)
     }
 
-    fn wait_ready(&mut self) -> Result<()> {
-        let client = self.client()?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!(
-                    "{} exited at startup ({status}); its log:\n{}",
-                    server_bin(),
-                    self.log()
-                )
-                .into());
-            }
-            if let Ok(mut con) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Ok(());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(format!(
-            "{} did not answer on port {} within 10 s; its log:\n{}",
-            server_bin(),
-            self.port,
-            self.log()
-        )
-        .into())
-    }
-
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("redis.log"))
-            .unwrap_or_else(|e| format!("(no log: {e})"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -34,13 +34,6 @@
 //!
 //! Prints a summary (operations by command, errors, digests compared, latency, memory over time)
 //! and exits with status 1 on any divergence, invariant failure, unexpected error or dead server.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

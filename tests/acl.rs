@@ -2,14 +2,6 @@
 //! written there. A gateway may only reserve, settle, roll back, extend and count windows on
 //! `quota:*` keys; an admin may also create and change budgets; a metrics user may run the
 //! redis_exporter script in contrib/. Everything else is refused with NOPERM.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

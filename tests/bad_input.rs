@@ -1,13 +1,5 @@
 //! Bad input: wrong arity, non-numbers, negatives, huge numbers, 1 MB ids, binary key names,
 //! wrong types. Each gets the right coded error, the key is unchanged, and the server lives.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -1,13 +1,5 @@
 //! Integration: every budget command, reply shape and error, through redis-rs, RESP2 and RESP3.
 //! Time is driven with `AT` (quota.test-clock yes) where it matters.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;
@@ -194,20 +186,7 @@ fn settle_statuses_and_errors() {
     let s = clock_server();
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "1000", "AT", "1000"]);
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "100",
-            "ID",
-            "a",
-            "TTL",
-            "500",
-            "AT",
-            "1000",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 100 ID a TTL 500 AT 1000");
     // Overrun: settle beyond the reservation is charged and counted.
     let r = items(&ok(
         &mut c,
@@ -235,20 +214,7 @@ fn settle_statuses_and_errors() {
         "NORESERVATION"
     );
     // Late: the reservation expired (released) but the call happened.
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "100",
-            "ID",
-            "b",
-            "TTL",
-            "500",
-            "AT",
-            "2000",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 100 ID b TTL 500 AT 2000");
     assert_eq!(info_at(&mut c, "t", 2100)["reserved"], 100);
     let r = items(&ok(&mut c, &["QUOTA.SETTLE", "t", "b", "40", "AT", "2500"]));
     assert_eq!(
@@ -284,20 +250,7 @@ fn rollback_statuses_and_errors() {
         (text(&r[0]), int(&r[1]), int(&r[2])),
         ("duplicate".into(), 0, 100)
     );
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "40",
-            "ID",
-            "e",
-            "TTL",
-            "10",
-            "AT",
-            "10",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 40 ID e TTL 10 AT 10");
     let r = items(&ok(&mut c, &["QUOTA.ROLLBACK", "t", "e", "AT", "20"]));
     assert_eq!(
         (text(&r[0]), int(&r[1]), int(&r[2])),
@@ -320,20 +273,7 @@ fn extend_keeps_a_long_call_alive() {
     let s = clock_server();
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100", "AT", "0"]);
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "40",
-            "ID",
-            "a",
-            "TTL",
-            "100",
-            "AT",
-            "0",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 40 ID a TTL 100 AT 0");
     assert_eq!(
         int(&ok(&mut c, &["QUOTA.EXTEND", "t", "a", "100", "AT", "90"])),
         100
@@ -357,20 +297,7 @@ fn extend_keeps_a_long_call_alive() {
         err(&mut c, &["QUOTA.EXTEND", "t", "b", "100", "AT", "190"]).0,
         "NORESERVATION"
     );
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "1",
-            "ID",
-            "x",
-            "TTL",
-            "10",
-            "AT",
-            "200",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 1 ID x TTL 10 AT 200");
     assert_eq!(
         err(&mut c, &["QUOTA.EXTEND", "t", "x", "100", "AT", "210"]).0,
         "CONFLICT"
@@ -430,48 +357,9 @@ fn pending_lists_soonest_expiry_first_and_caps_count() {
     let s = clock_server();
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100", "AT", "0"]);
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "1",
-            "ID",
-            "late",
-            "TTL",
-            "300",
-            "AT",
-            "0",
-        ],
-    );
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "2",
-            "ID",
-            "soon",
-            "TTL",
-            "100",
-            "AT",
-            "0",
-        ],
-    );
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "3",
-            "ID",
-            "mid",
-            "TTL",
-            "200",
-            "AT",
-            "0",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 1 ID late TTL 300 AT 0");
+    ok_line(&mut c, "QUOTA.RESERVE t 2 ID soon TTL 100 AT 0");
+    ok_line(&mut c, "QUOTA.RESERVE t 3 ID mid TTL 200 AT 0");
     let p = items(&ok(&mut c, &["QUOTA.PENDING", "t", "AT", "50"]));
     let ids: Vec<String> = p.iter().map(|e| text(&items(e)[0])).collect();
     assert_eq!(ids, ["soon", "mid", "late"]);
@@ -494,20 +382,7 @@ fn expired_reservations_are_released_for_reads_and_decisions() {
     let s = clock_server();
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "t", "LIMIT", "100", "AT", "0"]);
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "t",
-            "100",
-            "ID",
-            "a",
-            "TTL",
-            "50",
-            "AT",
-            "0",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE t 100 ID a TTL 50 AT 0");
     assert_eq!(
         int(&items(&ok(&mut c, &["QUOTA.RESERVE", "t", "1", "AT", "49"]))[0]),
         0

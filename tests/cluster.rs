@@ -3,13 +3,6 @@
 //! it: routing of every command, replica reads, a slot moved under load (ASK/MOVED), and
 //! failovers (graceful and SIGKILL) with acknowledged writes, the sweeper and replica digests.
 //! Runs on `$REDIS_SERVER` (redis-server, and valkey-server in `make test`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 
@@ -31,6 +24,11 @@ fn granted(v: &Value, id: &str) -> i64 {
         "{r:?}"
     );
     int(&r[2])
+}
+
+/// `[limit, used, reserved, available, pending]` of a budget's QUOTA.INFO.
+fn totals(i: &BTreeMap<String, i64>) -> [i64; 5] {
+    ["limit", "used", "reserved", "available", "pending"].map(|f| i[f])
 }
 
 /// A `SETTLE` or `ROLLBACK` reply: (status, amount).
@@ -85,17 +83,7 @@ fn every_command_routes_through_the_cluster_client_on_all_three_masters() {
         assert_eq!(int(&deny[0]), 0);
         let (code, _) = gerr(&mut c, &["QUOTA.SETTLE", &key, "nope", "1"]);
         assert_eq!(code, "NORESERVATION");
-        let i = ginfo(&mut c, &key);
-        assert_eq!(
-            (
-                i["limit"],
-                i["used"],
-                i["reserved"],
-                i["available"],
-                i["pending"]
-            ),
-            (1000, 300, 0, 700, 0)
-        );
+        assert_eq!(totals(&ginfo(&mut c, &key)), [1000, 300, 0, 700, 0]);
         for expect_remaining in [1, 0] {
             let w = items(&gok(&mut c, &["QUOTA.WINDOW", &rpm, "2", "60000"]));
             assert_eq!((int(&w[0]), int(&w[1])), (1, expect_remaining));
@@ -424,20 +412,14 @@ fn resharding_a_slot_under_load_keeps_every_reservation_and_id() {
     assert_eq!(gpending(&mut d, &budget), pending);
     let i = ginfo(&mut c, &budget);
     assert_eq!(
-        (
-            i["limit"],
-            i["used"],
-            i["reserved"],
-            i["available"],
-            i["pending"]
-        ),
-        (
+        totals(&i),
+        [
             LIMIT,
             used,
             reserved,
             LIMIT - used - reserved,
             pending.len() as i64
-        )
+        ]
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while info_int(&mut d, "quota", "quota_sweeper_released") < dst_released + 1 {
@@ -847,20 +829,16 @@ fn multi_key_commands_get_crossslot_across_slots_and_work_under_one_hash_tag() {
         gok(&mut c, &["QUOTA.SET", k, "LIMIT", limit]);
     }
     let k: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let r = items(&gok(
+    // `name 3 key team org rest...`: a multi-key command on the request's three keys.
+    let three = |c: &mut redis::cluster::ClusterConnection, name: &str, rest: &[&str]| {
+        let mut args = vec![name, "3", k[0], k[1], k[2]];
+        args.extend_from_slice(rest);
+        gok(c, &args)
+    };
+    let r = items(&three(
         &mut c,
-        &[
-            "QUOTA.MRESERVE",
-            "3",
-            k[0],
-            k[1],
-            k[2],
-            "400",
-            "400",
-            "400",
-            "ID",
-            "req-1",
-        ],
+        "QUOTA.MRESERVE",
+        &["400", "400", "400", "ID", "req-1"],
     ));
     assert_eq!((int(&r[0]), text(&r[1])), (1, "req-1".to_string()), "{r:?}");
     // The same request through an explicit route to the tag's slot (no redirect).
@@ -887,29 +865,10 @@ fn multi_key_commands_get_crossslot_across_slots_and_work_under_one_hash_tag() {
         "700 more does not fit the key's 1000: {denied:?}"
     );
     assert_eq!(
-        gok(
-            &mut c,
-            &["QUOTA.MEXTEND", "3", k[0], k[1], k[2], "req-1", "60000"]
-        ),
-        gok(
-            &mut c,
-            &["QUOTA.MEXTEND", "3", k[0], k[1], k[2], "req-1", "60000"]
-        ),
+        three(&mut c, "QUOTA.MEXTEND", &["req-1", "60000"]),
+        three(&mut c, "QUOTA.MEXTEND", &["req-1", "60000"]),
     );
-    gok(
-        &mut c,
-        &[
-            "QUOTA.MSETTLE",
-            "3",
-            k[0],
-            k[1],
-            k[2],
-            "req-1",
-            "250",
-            "250",
-            "250",
-        ],
-    );
+    three(&mut c, "QUOTA.MSETTLE", &["req-1", "250", "250", "250"]);
     for (k, limit) in keys.iter().zip([1000, 5000, 10000]) {
         let i = ginfo(&mut c, k);
         assert_eq!(
@@ -918,23 +877,13 @@ fn multi_key_commands_get_crossslot_across_slots_and_work_under_one_hash_tag() {
             "{k}"
         );
     }
-    let r = items(&gok(
+    let r = items(&three(
         &mut c,
-        &[
-            "QUOTA.MRESERVE",
-            "3",
-            k[0],
-            k[1],
-            k[2],
-            "100",
-            "100",
-            "100",
-            "ID",
-            "req-3",
-        ],
+        "QUOTA.MRESERVE",
+        &["100", "100", "100", "ID", "req-3"],
     ));
     assert_eq!(int(&r[0]), 1);
-    gok(&mut c, &["QUOTA.MROLLBACK", "3", k[0], k[1], k[2], "req-3"]);
+    three(&mut c, "QUOTA.MROLLBACK", &["req-3"]);
     for k in &keys {
         assert_eq!(ginfo(&mut c, k)["used"], 250, "{k}");
         assert_eq!(ginfo(&mut c, k)["reserved"], 0, "{k}");

@@ -1,13 +1,5 @@
 //! The commands document themselves: `COMMAND DOCS`, `COMMAND INFO`, `COMMAND GETKEYS` and
 //! `QUOTA.HELP` for every `QUOTA.*` command, as set at load from src/shell/command_docs.rs.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;
@@ -236,6 +228,9 @@ fn arguments_carry_type_token_and_flags() {
 fn command_info_and_getkeys_for_every_command() {
     let s = Server::start(&[]);
     let mut c = s.conn();
+    // Single-key commands: legacy key positions (1, 1, 1) and one range key spec at 1. The
+    // multi-key commands (keys a and b in the call): no legacy key positions, one keynum key
+    // spec (numkeys at 1).
     // (name, arity, a call's arguments after the name, the key spec's flags)
     let cases: &[(&str, i64, &[&str], &[&str])] = &[
         ("QUOTA.SET", -2, &["k", "LIMIT", "5"], &["RW", "update"]),
@@ -285,15 +280,40 @@ fn command_info_and_getkeys_for_every_command() {
             &["k", "rq-budget", "2", "x"],
             &["OW", "update"],
         ),
+        (
+            "QUOTA.MRESERVE",
+            -2,
+            &["2", "a", "b", "1", "1"],
+            &["RW", "access", "update"],
+        ),
+        (
+            "QUOTA.MSETTLE",
+            -2,
+            &["2", "a", "b", "id", "1", "1"],
+            &["RW", "access", "update"],
+        ),
+        (
+            "QUOTA.MROLLBACK",
+            -2,
+            &["2", "a", "b", "id"],
+            &["RW", "access", "update"],
+        ),
+        (
+            "QUOTA.MEXTEND",
+            -2,
+            &["2", "a", "b", "id", "100"],
+            &["RW", "update"],
+        ),
     ];
     for &(name, arity, call, flags) in cases {
+        let multi = call[0] == "2";
         let info = items(&ok(&mut c, &["COMMAND", "INFO", name]));
         let info = items(&info[0]);
         assert!(text(&info[0]).eq_ignore_ascii_case(name));
         assert_eq!(info[1], Value::Int(arity), "{name} arity");
         assert_eq!(
             (int(&info[3]), int(&info[4]), int(&info[5])),
-            (1, 1, 1),
+            if multi { (0, 0, 0) } else { (1, 1, 1) },
             "{name} key positions"
         );
         let specs = items(&info[8]);
@@ -305,76 +325,29 @@ fn command_info_and_getkeys_for_every_command() {
         assert_eq!(text(&begin["type"]), "index", "{name}");
         assert_eq!(fields(&begin["spec"])["index"], Value::Int(1), "{name}");
         let find = fields(&spec["find_keys"]);
-        assert_eq!(text(&find["type"]), "range", "{name}");
-        let range = fields(&find["spec"]);
-        assert_eq!(
+        let (kind, names, want, keys) = if multi {
             (
-                int(&range["lastkey"]),
-                int(&range["keystep"]),
-                int(&range["limit"])
-            ),
-            (0, 1, 0),
-            "{name}"
-        );
+                "keynum",
+                ["keynumidx", "firstkey", "keystep"],
+                [0, 1, 1],
+                &["a", "b"][..],
+            )
+        } else {
+            (
+                "range",
+                ["lastkey", "keystep", "limit"],
+                [0, 1, 0],
+                &["k"][..],
+            )
+        };
+        assert_eq!(text(&find["type"]), kind, "{name}");
+        let find_spec = fields(&find["spec"]);
+        assert_eq!(names.map(|n| int(&find_spec[n])), want, "{name}");
 
         let mut getkeys = vec!["COMMAND", "GETKEYS", name];
         getkeys.extend_from_slice(call);
-        let keys: Vec<String> = items(&ok(&mut c, &getkeys)).iter().map(text).collect();
-        assert_eq!(keys, ["k"], "{name}");
-    }
-    // The multi-key commands: no legacy key positions, one keynum key spec (numkeys at 1).
-    let multi: &[(&str, &[&str], &[&str])] = &[
-        (
-            "QUOTA.MRESERVE",
-            &["2", "a", "b", "1", "1"],
-            &["RW", "access", "update"],
-        ),
-        (
-            "QUOTA.MSETTLE",
-            &["2", "a", "b", "id", "1", "1"],
-            &["RW", "access", "update"],
-        ),
-        (
-            "QUOTA.MROLLBACK",
-            &["2", "a", "b", "id"],
-            &["RW", "access", "update"],
-        ),
-        (
-            "QUOTA.MEXTEND",
-            &["2", "a", "b", "id", "100"],
-            &["RW", "update"],
-        ),
-    ];
-    for &(name, call, flags) in multi {
-        let info = items(&ok(&mut c, &["COMMAND", "INFO", name]));
-        let info = items(&info[0]);
-        assert_eq!(info[1], Value::Int(-2), "{name} arity");
-        assert_eq!(
-            (int(&info[3]), int(&info[4]), int(&info[5])),
-            (0, 0, 0),
-            "{name}"
-        );
-        let specs = items(&info[8]);
-        assert_eq!(specs.len(), 1, "{name}");
-        let spec = fields(&specs[0]);
-        let got: Vec<String> = items(&spec["flags"]).iter().map(text).collect();
-        assert_eq!(got, flags, "{name} key spec flags");
-        let find = fields(&spec["find_keys"]);
-        assert_eq!(text(&find["type"]), "keynum", "{name}");
-        let keynum = fields(&find["spec"]);
-        assert_eq!(
-            (
-                int(&keynum["keynumidx"]),
-                int(&keynum["firstkey"]),
-                int(&keynum["keystep"])
-            ),
-            (0, 1, 1),
-            "{name}"
-        );
-        let mut getkeys = vec!["COMMAND", "GETKEYS", name];
-        getkeys.extend_from_slice(call);
-        let keys: Vec<String> = items(&ok(&mut c, &getkeys)).iter().map(text).collect();
-        assert_eq!(keys, ["a", "b"], "{name}");
+        let got: Vec<String> = items(&ok(&mut c, &getkeys)).iter().map(text).collect();
+        assert_eq!(got, keys, "{name}");
     }
     // QUOTA.HELP: no keys, exactly its name.
     let info = items(&items(&ok(&mut c, &["COMMAND", "INFO", "QUOTA.HELP"]))[0]);

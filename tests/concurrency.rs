@@ -1,13 +1,5 @@
 //! Concurrency: many clients race RESERVE on one budget; the total granted never exceeds the
 //! limit, exactly, and the ledger reconciles afterwards.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -13,13 +13,6 @@
 //! that passes the ledger invariants (budgets) or answers QUOTA.WINDOW (windows) and accepts
 //! further writes. The server must stay up, log no panic, and `used_memory` must not grow by
 //! 50 MB (an inflated length must not allocate it).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 mod reliability;

@@ -14,13 +14,6 @@
 //!   holds whatever the timing: the state after restart is exactly a prefix of the acknowledged
 //!   sequence (plus at most the command in flight), and nothing acknowledged more than 3 s
 //!   before the kill is missing. docs/reliability.md explains the guarantees.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 mod reliability;

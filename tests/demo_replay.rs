@@ -6,14 +6,6 @@
 //! `cargo test -p quota-export`), it also exports the usage streams into SQLite and must pass
 //! `quota-export reconcile` and match the clients' settled tokens in the database.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
-
 // The example's own code, so the test runs exactly what `make demo` runs (its `main` is unused).
 #[allow(dead_code)]
 #[path = "../examples/replay/main.rs"]

@@ -10,13 +10,6 @@
 //! past every id the old master handed out as long as its clock is past the old master's
 //! (both run on this machine, and the failover takes more than a millisecond). A plain per-key
 //! counter would hand the lost ids out again and fail here.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 mod reliability;

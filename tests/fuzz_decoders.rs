@@ -10,13 +10,6 @@
 //!
 //! `make test` runs a few hundred cases per property; `make fuzz` runs the same properties with
 //! `PROPTEST_CASES` large, for `FUZZ_SECONDS` (see the Makefile).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 use std::time::{Duration, Instant};
 

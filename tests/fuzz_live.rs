@@ -19,13 +19,6 @@
 //! every budget key passes the ledger invariants (read with AT-free calls), every window key
 //! answers, the replica holds the same values (digests compared under CLIENT PAUSE WRITE), a
 //! DEBUG RELOAD gives back the same values, and no panic is in either log.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 mod reliability;

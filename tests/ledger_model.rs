@@ -14,15 +14,6 @@
 //! expired amounts are still physically counted. Overflow checks follow the logical (spec)
 //! rule: an earlier core counted expired-but-unreleased amounts, caught here and fixed.
 
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 

@@ -12,13 +12,6 @@
 //! expiry ties (a deadline or a bucket edge exactly at `now`), late settles, a key replaced
 //! by a fresh one between reserve and settle (a budget then answers `NORESERVATION`, a window
 //! `skipped`), and amounts at the edge of `i64` (limits of `i64::MAX`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 use std::collections::BTreeMap;
 

@@ -6,14 +6,6 @@
 //! module raises one deliberate panic at load, inside `catch_unwind`, through the hook it has
 //! just installed: the line it leaves in the log proves, on the real server, that a panic's
 //! message and `file:line:col` reach the Redis log as one line, and that the server survives it.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -1,13 +1,5 @@
 //! Calendar periods with time zones, active expiry by the sweeper, keyspace events, INFO quota
 //! and configs. Time is driven with `AT` (quota.test-clock yes); the sweeper runs on wall time.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -1,14 +1,6 @@
 //! Determinism and persistence: a replica, AOF restarts (with and without the RDB preamble),
 //! DEBUG RELOAD, DUMP/RESTORE, COPY and RENAME must all reach byte-identical state
 //! (`DEBUG DIGEST-VALUE` equal) under a random workload with time passing and short TTLs.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

@@ -1,14 +1,6 @@
 //! Issue 22: what an expired reservation costs (ONEXPIRE RELEASE|CHARGE|ELAPSED), time budgets
 //! measured by the server (UNIT, SETTLE ... ELAPSED, heartbeats in QUOTA.PENDING) and headroom
 //! (KEEP). Time is driven with `AT` (quota.test-clock yes) unless a test needs the sweeper.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;
@@ -66,16 +58,9 @@ fn time_quota_with_heartbeats_and_a_crashed_client() {
         &["QUOTA.RESERVE", "api:acme", "60", "ID", "s1", "AT", &at(T0)],
     );
     for m in [4, 8, 12] {
-        let ttl = int(&ok(
+        let ttl = int(&ok_line(
             &mut c,
-            &[
-                "QUOTA.EXTEND",
-                "api:acme",
-                "s1",
-                "300000",
-                "AT",
-                &at(T0 + m * MIN),
-            ],
+            &format!("QUOTA.EXTEND api:acme s1 300000 AT {}", at(T0 + m * MIN)),
         ));
         assert_eq!(ttl, 300_000);
     }
@@ -98,16 +83,9 @@ fn time_quota_with_heartbeats_and_a_crashed_client() {
         &["QUOTA.RESERVE", "api:acme", "60", "ID", "s2", "AT", &at(s2)],
     );
     for m in [4, 8] {
-        ok(
+        ok_line(
             &mut c,
-            &[
-                "QUOTA.EXTEND",
-                "api:acme",
-                "s2",
-                "300000",
-                "AT",
-                &at(s2 + m * MIN),
-            ],
+            &format!("QUOTA.EXTEND api:acme s2 300000 AT {}", at(s2 + m * MIN)),
         );
     }
     // QUOTA.PENDING shows its start and last heartbeat.
@@ -124,19 +102,9 @@ fn time_quota_with_heartbeats_and_a_crashed_client() {
     let i = info_at(&mut c, "api:acme", later);
     assert_eq!((i["used"], i["reserved"], i["available"]), (22, 0, 278));
     // A reservation that never had a heartbeat is charged nothing.
-    ok(
+    ok_line(
         &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "api:acme",
-            "60",
-            "ID",
-            "s3",
-            "TTL",
-            "60000",
-            "AT",
-            &at(later),
-        ],
+        &format!("QUOTA.RESERVE api:acme 60 ID s3 TTL 60000 AT {}", at(later)),
     );
     let i = info_at(&mut c, "api:acme", later + 2 * MIN);
     assert_eq!((i["used"], i["reserved"]), (22, 0));
@@ -147,16 +115,12 @@ fn time_quota_with_heartbeats_and_a_crashed_client() {
     );
     assert_eq!(info_at(&mut c, "api:acme", later + 3 * MIN)["used"], 23);
     // ELAPSED needs a pending reservation: an expired one is settled with an actual.
-    let (code, _) = err(
+    let (code, _) = err_line(
         &mut c,
-        &[
-            "QUOTA.SETTLE",
-            "api:acme",
-            "s3",
-            "ELAPSED",
-            "AT",
-            &at(later + 3 * MIN),
-        ],
+        &format!(
+            "QUOTA.SETTLE api:acme s3 ELAPSED AT {}",
+            at(later + 3 * MIN)
+        ),
     );
     assert_eq!(code, "CONFLICT");
 
@@ -216,34 +180,10 @@ fn unit_and_elapsed_arguments_are_validated() {
     assert_eq!(info_at(&mut c, "plain", 2)["reserved"], 1);
     assert!(matches!(ok(&mut c, &["EXISTS", "new"]), Value::Int(0)));
     // UNIT NONE goes back to plain units, unless ELAPSED needs the unit.
-    ok(
-        &mut c,
-        &[
-            "QUOTA.SET",
-            "plain",
-            "UNIT",
-            "s",
-            "ONEXPIRE",
-            "ELAPSED",
-            "AT",
-            "3",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.SET plain UNIT s ONEXPIRE ELAPSED AT 3");
     let (code, _) = err(&mut c, &["QUOTA.SET", "plain", "UNIT", "NONE", "AT", "3"]);
     assert_eq!(code, "ERR");
-    ok(
-        &mut c,
-        &[
-            "QUOTA.SET",
-            "plain",
-            "UNIT",
-            "NONE",
-            "ONEXPIRE",
-            "RELEASE",
-            "AT",
-            "3",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.SET plain UNIT NONE ONEXPIRE RELEASE AT 3");
 }
 
 /// Tokens: expiries charged in full, a late settle replacing the charge, and KEEP.
@@ -256,19 +196,9 @@ fn token_budget_charges_expiries_and_keeps_headroom() {
         "QUOTA.SET", "tok", "LIMIT", "1000", "ONEXPIRE", "CHARGE", "PERIOD", "DAY",
         "AT", &at(T0),
     ]);
-    ok(
+    ok_line(
         &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "tok",
-            "100",
-            "ID",
-            "a",
-            "TTL",
-            "10",
-            "AT",
-            &at(T0),
-        ],
+        &format!("QUOTA.RESERVE tok 100 ID a TTL 10 AT {}", at(T0)),
     );
     let i = info_at(&mut c, "tok", T0 + 20);
     assert_eq!((i["used"], i["reserved"], i["available"]), (100, 0, 900));
@@ -290,17 +220,9 @@ fn token_budget_charges_expiries_and_keeps_headroom() {
         charge(&mut c, "1", &["KEEP", "200"], T0 + 22),
         vec![0, 200, day - 22]
     );
-    let r = items(&ok(
+    let r = items(&ok_line(
         &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "tok",
-            "1",
-            "KEEP",
-            "200",
-            "AT",
-            &at(T0 + 22),
-        ],
+        &format!("QUOTA.RESERVE tok 1 KEEP 200 AT {}", at(T0 + 22)),
     ));
     assert_eq!((int(&r[0]), int(&r[2]), int(&r[3])), (0, 200, day - 22));
     // A KEEP larger than the limit can never be met: no retry.
@@ -380,34 +302,8 @@ fn the_policy_in_force_at_expiry_applies() {
     let s = clock_server();
     let mut c = s.conn();
     ok(&mut c, &["QUOTA.SET", "k", "LIMIT", "100", "AT", "1000"]);
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "k",
-            "10",
-            "ID",
-            "a",
-            "TTL",
-            "10",
-            "AT",
-            "1000",
-        ],
-    );
-    ok(
-        &mut c,
-        &[
-            "QUOTA.RESERVE",
-            "k",
-            "20",
-            "ID",
-            "b",
-            "TTL",
-            "100",
-            "AT",
-            "1000",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.RESERVE k 10 ID a TTL 10 AT 1000");
+    ok_line(&mut c, "QUOTA.RESERVE k 20 ID b TTL 100 AT 1000");
     // a expired at 1010 under RELEASE; b expires at 1100 under CHARGE.
     ok(
         &mut c,
@@ -435,34 +331,11 @@ fn partial_expiry_charges_are_counted_and_persisted() {
         ],
     );
     let mut c = s.conn();
-    ok(
+    ok_line(
         &mut c,
-        &[
-            "QUOTA.SET",
-            "elapsed",
-            "LIMIT",
-            "1000000",
-            "ONEXPIRE",
-            "ELAPSED",
-            "UNIT",
-            "ms",
-            "AT",
-            "1000",
-        ],
+        "QUOTA.SET elapsed LIMIT 1000000 ONEXPIRE ELAPSED UNIT ms AT 1000",
     );
-    ok(
-        &mut c,
-        &[
-            "QUOTA.SET",
-            "free",
-            "LIMIT",
-            "1000000",
-            "UNIT",
-            "ms",
-            "AT",
-            "1000",
-        ],
-    );
+    ok_line(&mut c, "QUOTA.SET free LIMIT 1000000 UNIT ms AT 1000");
     // All granted at 1000, then all extended at 1050 (a key's time never goes back).
     for key in ["elapsed", "free"] {
         for i in 0..300 {
@@ -550,54 +423,27 @@ fn multi_key_keep_and_elapsed() {
     assert_eq!(code, "ERR");
 
     // ELAPSED for the budget, a count for the window: 2.5 s -> 3.
-    let rows = items(&ok(
+    let rows = items(&ok_line(
         &mut c,
-        &[
-            "QUOTA.MSETTLE",
-            "2",
-            "b",
-            "w",
-            "r1",
-            "ELAPSED",
-            "1",
-            "AT",
-            &at(T0 + 2500),
-        ],
+        &format!("QUOTA.MSETTLE 2 b w r1 ELAPSED 1 AT {}", at(T0 + 2500)),
     ));
     let b_row = items(&rows[0]);
     assert_eq!((text(&b_row[0]), int(&b_row[1])), ("settled".into(), 3));
     // A retry answers the first charge.
-    let rows = items(&ok(
+    let rows = items(&ok_line(
         &mut c,
-        &[
-            "QUOTA.MSETTLE",
-            "2",
-            "b",
-            "w",
-            "r1",
-            "ELAPSED",
-            "1",
-            "AT",
-            &at(T0 + 9000),
-        ],
+        &format!("QUOTA.MSETTLE 2 b w r1 ELAPSED 1 AT {}", at(T0 + 9000)),
     ));
     let b_row = items(&rows[0]);
     assert_eq!((text(&b_row[0]), int(&b_row[1])), ("duplicate".into(), 3));
     // ELAPSED on a window key is an error, and nothing changes anywhere.
     let before = all_digests(&mut c);
-    let (code, msg) = err(
+    let (code, msg) = err_line(
         &mut c,
-        &[
-            "QUOTA.MSETTLE",
-            "2",
-            "b",
-            "w",
-            "r3",
-            "ELAPSED",
-            "ELAPSED",
-            "AT",
-            &at(T0 + 3000),
-        ],
+        &format!(
+            "QUOTA.MSETTLE 2 b w r3 ELAPSED ELAPSED AT {}",
+            at(T0 + 3000)
+        ),
     );
     assert_eq!(code, "ERR");
     assert!(msg.contains("window"), "{msg}");

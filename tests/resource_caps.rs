@@ -1,14 +1,6 @@
 //! Resource caps (issue 6, item 5): one tenant cannot exhaust the server. Pending reservations
 //! per key, id length, PENDING's COUNT, the work one command and one sweeper tick may do,
 //! MEMORY USAGE that tells the truth for large keys, and `maxmemory` + `noeviction`.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

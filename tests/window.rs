@@ -1,14 +1,6 @@
 //! Integration: QUOTA.WINDOW (sliding-window rate limit, `rq-window` keys) through redis-rs.
 //! Time is driven exactly with `AT` (quota.test-clock yes) from `T0`, a time far in the future
 //! so that the absolute key expiries set from it never fire while a test runs.
-// Tests may panic: the no-panic lints guard the module code only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;

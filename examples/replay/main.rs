@@ -66,18 +66,10 @@
 //! `target/release/quota-export` if built, else the export is skipped and the output says so)
 //! and `EXPORT_DB` (default `target/demo-usage.sqlite`).
 
-// A demo client, not module code: the no-panic lints guard the module only.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
-
 pub mod export;
 pub mod quota;
 mod report;
+#[path = "../common/server.rs"]
 mod server;
 mod trace;
 
@@ -284,12 +276,14 @@ pub fn run(config: Config) -> Result<Finished> {
     let (url, _server, where_) = match config.redis_url.clone() {
         Some(url) => (url.clone(), None, format!("REDIS_URL={url}")),
         None => {
-            let server = server::Server::start(&server::module_path()?)?;
+            let module =
+                server::module_path("build it with `cargo build --release` (or run `make demo`)")?;
+            let server = server::Server::spawn("replay", &module, &[], None)?;
             let url = format!("redis://127.0.0.1:{}/", server.port);
             let where_ = format!(
                 "own redis-server on 127.0.0.1:{} with {}",
                 server.port,
-                server.module.display()
+                module.display()
             );
             (url, Some(server), where_)
         }

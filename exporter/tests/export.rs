@@ -7,13 +7,6 @@
 //! with SIGKILL at random points and restarted. At the end every stream entry is in the
 //! database exactly once, the malformed entries injected are skipped and counted, and
 //! `quota-export reconcile` passes. `EXPORT_SEED=n` replays a run.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 #[path = "../../tests/common/mod.rs"]
 mod common;

@@ -931,7 +931,7 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
     ) -> Result<WindowDecision, WindowError> {
-        self.record_inner(params, now_ms, None, None)
+        self.record_inner(params, now_ms, None)
     }
 
     /// [`Window::record`] of a call that `checked` (this window's [`Window::check`] with the
@@ -949,7 +949,7 @@ impl Window {
         now_ms: i64,
         checked: &WindowDecision,
     ) -> Result<WindowDecision, WindowError> {
-        self.record_inner(params, now_ms, Some(checked), None)
+        self.record_inner(params, now_ms, Some(checked))
     }
 
     fn record_inner(
@@ -957,8 +957,38 @@ impl Window {
         params: &WindowParams,
         now_ms: i64,
         checked: Option<&WindowDecision>,
-        id: Option<&[u8]>,
     ) -> Result<WindowDecision, WindowError> {
+        let (now, same_precision) = self.record_state(params, now_ms, None)?;
+        if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
+            // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
+            // bucket — the cost's — is the last to leave the window.
+            let exit = bucket_last(
+                bucket_of(i128::from(now), params.precision_ms)?,
+                params.precision_ms,
+            )
+            .saturating_add(i128::from(params.window_ms));
+            return Ok(WindowDecision {
+                allowed: true,
+                remaining: checked.remaining.saturating_sub(params.cost).max(0),
+                retry_after_ms: 0,
+                reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
+            });
+        }
+        let ask = Ask {
+            recorded: true,
+            ..Ask::new(params, now, now_ms)
+        };
+        Ok(decide_held(&self.buckets, &ask))
+    }
+
+    /// The state change of a record, all or nothing, without working out a decision (what
+    /// [`Window::apply`] needs): the effective now and whether the precision was unchanged.
+    fn record_state(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+        id: Option<&[u8]>,
+    ) -> Result<(i64, bool), WindowError> {
         params.validate()?;
         // Taken before the record changes the precision.
         let same_precision = params.precision_ms == self.precision_ms;
@@ -968,6 +998,24 @@ impl Window {
         let horizon_ms = self.next_horizon(params);
         let budget = max_len(horizon_ms, params.precision_ms);
         let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
+        // The ids follow their buckets to a new precision (the rule of `rebucketed`).
+        let remap_id = |index: i64| {
+            let at = bucket_last(index, old_precision).min(old_last);
+            bucket_of(at, p).unwrap_or(index)
+        };
+        // What the ids can hold is checked before anything changes (a window's indexes are
+        // far inside it; only a forged value could be outside).
+        if id.is_some() && !Remembered::holds_index(counted_at) {
+            return Err(WindowError::Overflow);
+        }
+        if !same_precision
+            && !self
+                .remembered()
+                .iter()
+                .all(|(_, e)| Remembered::holds_index(remap_id(e.index)))
+        {
+            return Err(WindowError::Overflow);
+        }
         match self.rebucketed(params.precision_ms)? {
             Some(converted) => {
                 let plan = plan(Held::converted(&converted), p, h, now, c)?;
@@ -992,12 +1040,10 @@ impl Window {
         // Keep the heap proportional to what is held after a shrink or conversion.
         self.buckets.trim();
         if !same_precision && !self.remembered().is_empty() {
-            // The ids follow their buckets to the new precision (the rule of `rebucketed`).
-            let p = params.precision_ms;
-            self.ids_mut().remap(|index| {
-                let at = bucket_last(index, old_precision).min(old_last);
-                bucket_of(at, p).unwrap_or(index)
-            });
+            // Checked above: cannot fail.
+            self.ids_mut()
+                .remap(remap_id)
+                .map_err(|_| WindowError::Overflow)?;
         }
         self.window_ms = params.window_ms;
         self.precision_ms = params.precision_ms;
@@ -1005,35 +1051,19 @@ impl Window {
         self.last_ms = now;
         self.forget_stale(now);
         if let Some(id) = id {
-            self.ids_mut().put(
-                id,
-                Entry {
-                    index: counted_at,
-                    counted: params.cost,
-                    status: IdStatus::Pending,
-                },
-            );
+            // Its index was checked above; a `u32::MAX`-th id is refused by `max_ids` first.
+            self.ids_mut()
+                .put(
+                    id,
+                    Entry {
+                        index: counted_at,
+                        counted: params.cost,
+                        status: IdStatus::Pending,
+                    },
+                )
+                .map_err(|_| WindowError::Overflow)?;
         }
-        if let Some(checked) = checked.filter(|c| c.allowed && same_precision && params.cost > 0) {
-            // Counted grows by exactly the cost (allowed: no clamping happened), and the newest
-            // bucket — the cost's — is the last to leave the window.
-            let exit = bucket_last(
-                bucket_of(i128::from(now), params.precision_ms)?,
-                params.precision_ms,
-            )
-            .saturating_add(i128::from(params.window_ms));
-            return Ok(WindowDecision {
-                allowed: true,
-                remaining: checked.remaining.saturating_sub(params.cost).max(0),
-                retry_after_ms: 0,
-                reset_after_ms: clamp_i64(exit.saturating_sub(i128::from(now_ms))),
-            });
-        }
-        let ask = Ask {
-            recorded: true,
-            ..Ask::new(params, now, now_ms)
-        };
-        Ok(decide_held(&self.buckets, &ask))
+        Ok((now, same_precision))
     }
 
     /// Window of the last recorded call, ms.
@@ -1071,10 +1101,14 @@ impl Window {
     }
 
     /// The heap allocations of the boxed configuration and ids, in bytes, for MEMORY USAGE:
-    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids).
-    pub fn extras_allocations(&self) -> (usize, (usize, usize, usize)) {
+    /// the box, then the ids' ([`Remembered::allocations`]: queue, table, long ids, each long
+    /// id rounded by `size_class`).
+    pub fn extras_allocations(
+        &self,
+        size_class: impl Fn(usize) -> usize,
+    ) -> (usize, (usize, usize, usize)) {
         match &self.extras {
-            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations()),
+            Some(e) => (std::mem::size_of::<Extras>(), e.ids.allocations(size_class)),
             None => (0, (0, 0, 0)),
         }
     }
@@ -1104,7 +1138,6 @@ impl Window {
         self.remembered()
             .get(id)
             .filter(|e| e.index >= self.first_live_index(now))
-            .copied()
     }
 
     /// Unix ms at which the oldest remembered id's bucket leaves the window (the sweeper's
@@ -1289,7 +1322,7 @@ impl Window {
         match effect {
             WindowEffect::Configure(cfg) => {
                 let params = cfg.params(0);
-                self.record_inner(&params, at_ms, None, None)?;
+                self.record_state(&params, at_ms, None)?;
                 self.extras_mut().config = Some(*cfg);
             }
             WindowEffect::Count {
@@ -1304,7 +1337,7 @@ impl Window {
                     precision_ms: *precision_ms,
                     cost: *cost,
                 };
-                self.record_inner(&params, at_ms, None, id.as_deref())?;
+                self.record_state(&params, at_ms, id.as_deref())?;
             }
             WindowEffect::Settle { id, actual } => self.finish_id(at_ms, id, Some(*actual))?,
             WindowEffect::Rollback { id } => self.finish_id(at_ms, id, None)?,
@@ -1327,18 +1360,21 @@ impl Window {
         }
         let delta = to.checked_sub(e.counted).ok_or(WindowError::Overflow)?;
         self.buckets.adjust(e.index, delta)?;
-        self.ids_mut().put(
-            id,
-            Entry {
-                counted: to,
-                status: if actual.is_some() {
-                    IdStatus::Settled
-                } else {
-                    IdStatus::RolledBack
+        // The same id in the same bucket: replaced in place, cannot fail.
+        self.ids_mut()
+            .put(
+                id,
+                Entry {
+                    counted: to,
+                    status: if actual.is_some() {
+                        IdStatus::Settled
+                    } else {
+                        IdStatus::RolledBack
+                    },
+                    ..e
                 },
-                ..e
-            },
-        );
+            )
+            .map_err(|_| WindowError::Overflow)?;
         self.forget_stale(self.effective_now(at_ms));
         Ok(())
     }
@@ -2773,7 +2809,7 @@ mod tests {
         w.validate().unwrap();
         let with = |entry: Entry| {
             let mut ids = Remembered::default();
-            ids.put(b"a", entry);
+            ids.put(b"a", entry).unwrap();
             w.clone().with_extras(w.config().copied(), ids)
         };
         let ok = Entry {

@@ -51,10 +51,11 @@ pub fn budget_bytes(b: &Budget) -> usize {
 /// MEMORY USAGE of a window: the boxed struct and its bucket storage, two arrays of the same
 /// capacity (4-byte offsets; 4- or 8-byte counts, see [`Window::allocations`]), each one
 /// allocation, plus a configured key's boxed configuration and the remembered ids of
-/// multi-key reservations (their queue and table, [`crate::core::remembered::Remembered::allocations`]).
+/// multi-key reservations (their queue, table and long ids,
+/// [`crate::core::remembered::Remembered::allocations`]), each rounded up to its size class.
 pub fn window_bytes(w: &Window) -> usize {
     let (offsets, counts) = w.allocations();
-    let (extras, (queue, table, long_ids)) = w.extras_allocations();
+    let (extras, (queue, table, long_ids)) = w.extras_allocations(alloc_size);
     alloc_size(size_of::<Window>())
         .saturating_add(alloc_size(offsets))
         .saturating_add(alloc_size(counts))

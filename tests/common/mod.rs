@@ -1,14 +1,7 @@
 //! Test harness: each test starts its own server (free port, the freshly built module, a
 //! temp dir) and stops it on drop. Never depends on a server already running. The binary is
 //! `$REDIS_SERVER` (default `redis-server`; `make test` also runs everything on `valkey-server`).
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -427,4 +420,20 @@ pub fn info_section(
         .filter_map(|l| l.trim().split_once(':'))
         .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
         .collect()
+}
+
+/// The arguments of a command written as one line (split on white space; none may be empty or
+/// hold a space).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// [`ok`] for a command written as one line ([`words`]).
+pub fn ok_line(con: &mut redis::Connection, line: &str) -> Value {
+    ok(con, &words(line))
+}
+
+/// [`err`] for a command written as one line ([`words`]).
+pub fn err_line(con: &mut redis::Connection, line: &str) -> (String, String) {
+    err(con, &words(line))
 }

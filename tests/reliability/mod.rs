@@ -1,11 +1,6 @@
 //! Helpers shared by the reliability tests (fuzz_live, corrupt_restore, crash_durability,
 //! failover): a seeded PRNG, the ledger invariants as a client sees them, and process control.
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing
-)]
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -93,7 +93,8 @@ fn decode_v2(bytes: &[u8]) -> Result<Window, DecodeError> {
                 counted,
                 status,
             },
-        );
+        )
+        .map_err(|_| DecodeError::invalid("remembered id bucket index"))?;
         previous = Some(index);
     }
     let w = v2.window.with_extras(config, ids);
@@ -174,6 +175,26 @@ mod tests {
                     v.validate().unwrap();
                 }
             }
+        }
+    }
+
+    /// An id whose bucket index the remembered ids cannot hold (outside ±2^61) is refused by
+    /// the decoder, not wrapped (its window check would refuse it too, later).
+    #[test]
+    fn an_id_index_far_outside_is_refused() {
+        let w = sample_v2();
+        for index in [1i64 << 62, i64::MAX, i64::MIN, -(1i64 << 61) - 1] {
+            let v2 = WindowV2 {
+                window: w.clone(),
+                config: Some((100, 1000, 10)),
+                ids: vec![IdV2(b"a".to_vec(), index, 1, 0)],
+            };
+            let bytes = options().serialize(&v2).unwrap();
+            assert_eq!(
+                decode_window(2, &bytes).unwrap_err().to_string(),
+                "inconsistent payload: remembered id bucket index",
+                "{index}"
+            );
         }
     }
 

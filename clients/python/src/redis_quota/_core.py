@@ -7,20 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import redis.exceptions
+
 from . import _protocol as p
-from .policy import LocalLimiter, QuotaStats
-from .results import (
-    BudgetInfo,
-    Charge,
-    KeyOutcome,
-    MultiReservation,
-    PendingReservation,
-    Reservation,
-    Rollback,
-    Settlement,
-    WindowInfo,
-    WindowResult,
-)
+from . import results
+from .errors import QuotaError, QuotaUnavailableError, from_response_error
+from .policy import FailurePolicy, LocalLimiter, QuotaStats
 
 T = TypeVar("T")
 
@@ -47,17 +39,45 @@ class Plans:
     def __init__(self, stats: QuotaStats) -> None:
         self.stats = stats
 
+    def local_first(self, call: Call[T], pol: FailurePolicy) -> T | None:
+        """The answer without asking Redis (an id the local limiter granted), or None to ask."""
+        if pol.limiter is None or call.local_first is None:
+            return None
+        return call.local_first(pol.limiter)
+
+    def unavailable(self, call: Call[T], pol: FailurePolicy, err: BaseException) -> T:
+        """Redis failed with ``err`` (one of ``UNAVAILABLE_ERRORS``): the degrade-mode answer,
+        or :class:`QuotaUnavailableError` when the call fails closed. Counted in ``stats``."""
+        closed = pol.limiter is None or call.local is None
+        name = p.to_str(call.args[0])
+        self.stats.record_failure(name, err, closed)
+        if pol.limiter is None or call.local is None:
+            raise QuotaUnavailableError(f"{name}: {err}") from err
+        return call.local(pol.limiter)
+
+    def refused(self, err: redis.exceptions.ResponseError) -> QuotaError:
+        """The typed exception to raise for an error reply (Redis answered: counted as ok)."""
+        self.stats.record_ok()
+        return from_response_error(err)
+
+    def parse(self, call: Call[T], reply: Any) -> T:
+        """The result of ``call`` from its reply."""
+        self.stats.record_ok()
+        return call.parse(reply)
+
     def _granted(self, ok: bool) -> None:
         self.stats.add("degraded_grants" if ok else "degraded_denials")
 
     def reserve(
         self, key: str, amount: int, id: str | None, ttl_ms: int | None
-    ) -> Call[Reservation]:
-        def local(lim: LocalLimiter) -> Reservation:
+    ) -> Call[results.Reservation]:
+        def local(lim: LocalLimiter) -> results.Reservation:
             got, _, rem = lim.reserve([key], [amount], id, ttl_ms)
             self._granted(got is not None)
             retry = 0 if got is not None else lim.retry_after_ms()
-            return Reservation(key, amount, got is not None, got, rem[0], retry, degraded=True)
+            return results.Reservation(
+                key, amount, got is not None, got, rem[0], retry, degraded=True
+            )
 
         return Call(
             p.reserve_args(key, amount, id, ttl_ms),
@@ -65,15 +85,19 @@ class Plans:
             local,
         )
 
-    def settle(self, key: str, id: str, actual: int) -> Call[Settlement]:
-        def first(lim: LocalLimiter) -> Settlement | None:
+    def settle(self, key: str, id: str, actual: int) -> Call[results.Settlement]:
+        def first(lim: LocalLimiter) -> results.Settlement | None:
             rem = lim.settle(id, {key: actual})
-            return None if rem is None else Settlement(key, id, "settled", actual, rem[0], True)
+            return (
+                None
+                if rem is None
+                else results.Settlement(key, id, "settled", actual, rem[0], True)
+            )
 
-        def local(lim: LocalLimiter) -> Settlement:
+        def local(lim: LocalLimiter) -> results.Settlement:
             self.stats.add("unrecorded")
             _, rem = lim.count(key, actual, check=False)
-            return Settlement(key, id, "unrecorded", actual, rem, degraded=True)
+            return results.Settlement(key, id, "unrecorded", actual, rem, degraded=True)
 
         return Call(
             ["QUOTA.SETTLE", key, id, actual],
@@ -82,14 +106,14 @@ class Plans:
             first,
         )
 
-    def rollback(self, key: str, id: str) -> Call[Rollback]:
-        def first(lim: LocalLimiter) -> Rollback | None:
+    def rollback(self, key: str, id: str) -> Call[results.Rollback]:
+        def first(lim: LocalLimiter) -> results.Rollback | None:
             rem = lim.settle(id, None)
-            return None if rem is None else Rollback(key, id, "rolledback", 0, rem[0], True)
+            return None if rem is None else results.Rollback(key, id, "rolledback", 0, rem[0], True)
 
-        def local(lim: LocalLimiter) -> Rollback:
+        def local(lim: LocalLimiter) -> results.Rollback:
             self.stats.add("unrecorded")
-            return Rollback(key, id, "unrecorded", 0, -1, degraded=True)
+            return results.Rollback(key, id, "unrecorded", 0, -1, degraded=True)
 
         return Call(
             ["QUOTA.ROLLBACK", key, id],
@@ -107,11 +131,11 @@ class Plans:
 
         return Call(["QUOTA.EXTEND", key, id, ttl_ms], p.to_int, local, first)
 
-    def charge(self, key: str, amount: int, id: str | None, force: bool) -> Call[Charge]:
-        def local(lim: LocalLimiter) -> Charge:
+    def charge(self, key: str, amount: int, id: str | None, force: bool) -> Call[results.Charge]:
+        def local(lim: LocalLimiter) -> results.Charge:
             ok, rem = lim.count(key, amount, check=not force)
             self._granted(ok)
-            return Charge(key, amount, ok, rem, 0 if ok else lim.retry_after_ms(), True)
+            return results.Charge(key, amount, ok, rem, 0 if ok else lim.retry_after_ms(), True)
 
         return Call(
             p.charge_args(key, amount, id, force),
@@ -127,12 +151,12 @@ class Plans:
         cost: int,
         precision_ms: int | None,
         peek: bool,
-    ) -> Call[WindowResult]:
-        def local(lim: LocalLimiter) -> WindowResult:
+    ) -> Call[results.WindowResult]:
+        def local(lim: LocalLimiter) -> results.WindowResult:
             ok, rem = lim.count(key, 0 if peek else cost, check=True)
             self._granted(ok)
             retry = 0 if ok else lim.retry_after_ms()
-            return WindowResult(key, cost, ok, rem, retry, lim.retry_after_ms(), True)
+            return results.WindowResult(key, cost, ok, rem, retry, lim.retry_after_ms(), True)
 
         return Call(
             p.window_args(key, limit, window_ms, cost, precision_ms, peek),
@@ -140,10 +164,10 @@ class Plans:
             local,
         )
 
-    def info(self, key: str) -> Call[BudgetInfo | WindowInfo | None]:
+    def info(self, key: str) -> Call[results.BudgetInfo | results.WindowInfo | None]:
         return Call(["QUOTA.INFO", key], lambda r: p.parse_info(r, key))
 
-    def pending(self, key: str, count: int | None) -> Call[list[PendingReservation]]:
+    def pending(self, key: str, count: int | None) -> Call[list[results.PendingReservation]]:
         args: list[p.Arg] = ["QUOTA.PENDING", key]
         if count is not None:
             args += ["COUNT", count]
@@ -154,14 +178,14 @@ class Plans:
 
     def mreserve(
         self, keys: Sequence[str], amounts: Sequence[int], id: str | None, ttl_ms: int | None
-    ) -> Call[MultiReservation]:
+    ) -> Call[results.MultiReservation]:
         args = p.mreserve_args(keys, amounts, id, ttl_ms)
 
-        def local(lim: LocalLimiter) -> MultiReservation:
+        def local(lim: LocalLimiter) -> results.MultiReservation:
             got, denied, rem = lim.reserve(keys, amounts, id, ttl_ms)
             self._granted(got is not None)
             retry = 0 if got is not None else lim.retry_after_ms()
-            return MultiReservation(
+            return results.MultiReservation(
                 tuple(keys), tuple(amounts), got is not None, got, denied, retry, tuple(rem), True
             )
 
@@ -169,39 +193,42 @@ class Plans:
 
     def msettle(
         self, keys: Sequence[str], id: str, actuals: Sequence[int]
-    ) -> Call[list[KeyOutcome]]:
+    ) -> Call[list[results.KeyOutcome]]:
         args = p.msettle_args(keys, id, actuals)
         by_key = dict(zip(keys, actuals, strict=True))
 
-        def first(lim: LocalLimiter) -> list[KeyOutcome] | None:
+        def first(lim: LocalLimiter) -> list[results.KeyOutcome] | None:
             rem = lim.settle(id, by_key)
             if rem is None:
                 return None
             return [
-                KeyOutcome(k, "settled", a, _rem(rem, i), True)
+                results.KeyOutcome(k, "settled", a, _rem(rem, i), True)
                 for i, (k, a) in enumerate(zip(keys, actuals, strict=True))
             ]
 
-        def local(lim: LocalLimiter) -> list[KeyOutcome]:
+        def local(lim: LocalLimiter) -> list[results.KeyOutcome]:
             self.stats.add("unrecorded")
             out = []
             for k, a in zip(keys, actuals, strict=True):
                 _, rem = lim.count(k, a, check=False)
-                out.append(KeyOutcome(k, "unrecorded", a, rem, True))
+                out.append(results.KeyOutcome(k, "unrecorded", a, rem, True))
             return out
 
         return Call(args, lambda r: p.parse_outcomes(r, keys, "QUOTA.MSETTLE"), local, first)
 
-    def mrollback(self, keys: Sequence[str], id: str) -> Call[list[KeyOutcome]]:
-        def first(lim: LocalLimiter) -> list[KeyOutcome] | None:
+    def mrollback(self, keys: Sequence[str], id: str) -> Call[list[results.KeyOutcome]]:
+        def first(lim: LocalLimiter) -> list[results.KeyOutcome] | None:
             rem = lim.settle(id, None)
             if rem is None:
                 return None
-            return [KeyOutcome(k, "rolledback", 0, _rem(rem, i), True) for i, k in enumerate(keys)]
+            return [
+                results.KeyOutcome(k, "rolledback", 0, _rem(rem, i), True)
+                for i, k in enumerate(keys)
+            ]
 
-        def local(lim: LocalLimiter) -> list[KeyOutcome]:
+        def local(lim: LocalLimiter) -> list[results.KeyOutcome]:
             self.stats.add("unrecorded")
-            return [KeyOutcome(k, "unrecorded", 0, -1, True) for k in keys]
+            return [results.KeyOutcome(k, "unrecorded", 0, -1, True) for k in keys]
 
         return Call(
             p.mrollback_args(keys, id),

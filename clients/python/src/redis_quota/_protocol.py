@@ -5,18 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .results import (
-    BudgetInfo,
-    Charge,
-    KeyOutcome,
-    MultiReservation,
-    PendingReservation,
-    Reservation,
-    Rollback,
-    Settlement,
-    WindowInfo,
-    WindowResult,
-)
+from . import results
 
 Arg = str | int | bytes
 
@@ -57,19 +46,21 @@ def reserve_args(key: str, amount: int, id: str | None, ttl_ms: int | None) -> l
     return args
 
 
-def parse_reservation(reply: Any, key: str, amount: int) -> Reservation:
+def parse_reservation(reply: Any, key: str, amount: int) -> results.Reservation:
     r = _seq(reply, 4, "QUOTA.RESERVE")
-    return Reservation(key, amount, to_int(r[0]) == 1, opt_str(r[1]), to_int(r[2]), to_int(r[3]))
+    return results.Reservation(
+        key, amount, to_int(r[0]) == 1, opt_str(r[1]), to_int(r[2]), to_int(r[3])
+    )
 
 
-def parse_settlement(reply: Any, key: str, id: str) -> Settlement:
+def parse_settlement(reply: Any, key: str, id: str) -> results.Settlement:
     r = _seq(reply, 3, "QUOTA.SETTLE")
-    return Settlement(key, id, to_str(r[0]), to_int(r[1]), to_int(r[2]))
+    return results.Settlement(key, id, to_str(r[0]), to_int(r[1]), to_int(r[2]))
 
 
-def parse_rollback(reply: Any, key: str, id: str) -> Rollback:
+def parse_rollback(reply: Any, key: str, id: str) -> results.Rollback:
     r = _seq(reply, 3, "QUOTA.ROLLBACK")
-    return Rollback(key, id, to_str(r[0]), to_int(r[1]), to_int(r[2]))
+    return results.Rollback(key, id, to_str(r[0]), to_int(r[1]), to_int(r[2]))
 
 
 def charge_args(key: str, amount: int, id: str | None, force: bool) -> list[Arg]:
@@ -81,9 +72,9 @@ def charge_args(key: str, amount: int, id: str | None, force: bool) -> list[Arg]
     return args
 
 
-def parse_charge(reply: Any, key: str, amount: int) -> Charge:
+def parse_charge(reply: Any, key: str, amount: int) -> results.Charge:
     r = _seq(reply, 3, "QUOTA.CHARGE")
-    return Charge(key, amount, to_int(r[0]) == 1, to_int(r[1]), to_int(r[2]))
+    return results.Charge(key, amount, to_int(r[0]) == 1, to_int(r[1]), to_int(r[2]))
 
 
 def window_args(
@@ -107,9 +98,11 @@ def window_args(
     return args
 
 
-def parse_window(reply: Any, key: str, cost: int) -> WindowResult:
+def parse_window(reply: Any, key: str, cost: int) -> results.WindowResult:
     r = _seq(reply, 4, "QUOTA.WINDOW")
-    return WindowResult(key, cost, to_int(r[0]) == 1, to_int(r[1]), to_int(r[2]), to_int(r[3]))
+    return results.WindowResult(
+        key, cost, to_int(r[0]) == 1, to_int(r[1]), to_int(r[2]), to_int(r[3])
+    )
 
 
 def set_budget_args(
@@ -166,7 +159,7 @@ def _fields(reply: Any) -> dict[str, Any]:
     return {to_str(r[i]): r[i + 1] for i in range(0, len(r) - 1, 2)}
 
 
-def parse_info(reply: Any, key: str) -> BudgetInfo | WindowInfo | None:
+def parse_info(reply: Any, key: str) -> results.BudgetInfo | results.WindowInfo | None:
     if reply is None:
         return None
     f = _fields(reply)
@@ -174,7 +167,7 @@ def parse_info(reply: Any, key: str) -> BudgetInfo | WindowInfo | None:
         conv: dict[str, int | str] = {
             k: (to_int(v) if isinstance(v, int) else to_str(v)) for k, v in f.items()
         }
-        return WindowInfo(
+        return results.WindowInfo(
             key,
             to_int(f["limit"]),
             to_int(f["window_ms"]),
@@ -184,7 +177,7 @@ def parse_info(reply: Any, key: str) -> BudgetInfo | WindowInfo | None:
             to_int(f["reset_after_ms"]),
             conv,
         )
-    return BudgetInfo(
+    return results.BudgetInfo(
         key=key,
         limit=to_int(f["limit"]),
         used=to_int(f["used"]),
@@ -204,7 +197,7 @@ def parse_info(reply: Any, key: str) -> BudgetInfo | WindowInfo | None:
     )
 
 
-def parse_pending(reply: Any) -> list[PendingReservation]:
+def parse_pending(reply: Any) -> list[results.PendingReservation]:
     out = []
     for entry in _seq(reply, None, "QUOTA.PENDING"):
         # Six fields since issue 22 (start, last heartbeat); four from earlier servers.
@@ -214,7 +207,7 @@ def parse_pending(reply: Any) -> list[PendingReservation]:
         start = to_int(e[4]) if len(e) == 6 else None
         heartbeat = to_int(e[5]) if len(e) == 6 and to_int(e[5]) != -1 else None
         out.append(
-            PendingReservation(
+            results.PendingReservation(
                 to_str(e[0]), to_int(e[1]), to_int(e[2]), to_int(e[3]), start, heartbeat
             )
         )
@@ -240,10 +233,12 @@ def mreserve_args(
     return args
 
 
-def parse_mreservation(reply: Any, keys: Sequence[str], amounts: Sequence[int]) -> MultiReservation:
+def parse_mreservation(
+    reply: Any, keys: Sequence[str], amounts: Sequence[int]
+) -> results.MultiReservation:
     r = _seq(reply, 5, "QUOTA.MRESERVE")
     values = tuple(to_int(v) for v in _seq(r[4], len(keys), "QUOTA.MRESERVE values"))
-    return MultiReservation(
+    return results.MultiReservation(
         tuple(keys),
         tuple(amounts),
         to_int(r[0]) == 1,
@@ -269,12 +264,12 @@ def mextend_args(keys: Sequence[str], id: str, ttl_ms: int) -> list[Arg]:
     return ["QUOTA.MEXTEND", len(keys), *keys, id, ttl_ms]
 
 
-def parse_outcomes(reply: Any, keys: Sequence[str], what: str) -> list[KeyOutcome]:
+def parse_outcomes(reply: Any, keys: Sequence[str], what: str) -> list[results.KeyOutcome]:
     entries = _seq(reply, len(keys), what)
     out = []
     for key, entry in zip(keys, entries, strict=True):
         e = _seq(entry, 3, f"{what} entry")
-        out.append(KeyOutcome(key, to_str(e[0]), to_int(e[1]), to_int(e[2])))
+        out.append(results.KeyOutcome(key, to_str(e[0]), to_int(e[1]), to_int(e[2])))
     return out
 
 

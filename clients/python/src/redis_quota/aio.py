@@ -11,28 +11,15 @@ import redis.asyncio
 import redis.exceptions
 
 from . import _protocol as p
+from . import results
 from ._core import Call, Plans
 from .client import Held
 from .errors import (
     ConflictError,
     NoReservationError,
     QuotaDeniedError,
-    QuotaUnavailableError,
-    from_response_error,
 )
 from .policy import FAIL_CLOSED, UNAVAILABLE_ERRORS, FailurePolicy, QuotaStats, log
-from .results import (
-    BudgetInfo,
-    Charge,
-    KeyOutcome,
-    MultiReservation,
-    PendingReservation,
-    Reservation,
-    Rollback,
-    Settlement,
-    WindowInfo,
-    WindowResult,
-)
 
 T = TypeVar("T")
 
@@ -52,24 +39,16 @@ class AsyncQuota:
 
     async def _run(self, call: Call[T], policy: FailurePolicy | None) -> T:
         pol = policy or self.policy
-        if pol.limiter is not None and call.local_first is not None:
-            answer = call.local_first(pol.limiter)
-            if answer is not None:
-                return answer
+        answer = self._plans.local_first(call, pol)
+        if answer is not None:
+            return answer
         try:
             reply: Any = await self._send(call.args, pol)
         except UNAVAILABLE_ERRORS as err:
-            closed = pol.limiter is None or call.local is None
-            name = p.to_str(call.args[0])
-            self.stats.record_failure(name, err, closed)
-            if pol.limiter is None or call.local is None:
-                raise QuotaUnavailableError(f"{name}: {err}") from err
-            return call.local(pol.limiter)
+            return self._plans.unavailable(call, pol, err)
         except redis.exceptions.ResponseError as err:
-            self.stats.record_ok()
-            raise from_response_error(err) from None
-        self.stats.record_ok()
-        return call.parse(reply)
+            raise self._plans.refused(err) from None
+        return self._plans.parse(call, reply)
 
     # --- budgets ---------------------------------------------------------------------------
 
@@ -118,11 +97,11 @@ class AsyncQuota:
         args = p.set_window_args(key, limit, window_ms, precision_ms, nx, xx)
         return await self._run(self._plans.set(args), FAIL_CLOSED)
 
-    async def info(self, key: str) -> BudgetInfo | WindowInfo | None:
+    async def info(self, key: str) -> results.BudgetInfo | results.WindowInfo | None:
         """QUOTA.INFO: None if the key does not exist. Never degrades (fails closed)."""
         return await self._run(self._plans.info(key), FAIL_CLOSED)
 
-    async def pending(self, key: str, count: int | None = None) -> list[PendingReservation]:
+    async def pending(self, key: str, count: int | None = None) -> list[results.PendingReservation]:
         """QUOTA.PENDING: live reservations, soonest deadline first."""
         return await self._run(self._plans.pending(key, count), FAIL_CLOSED)
 
@@ -134,17 +113,19 @@ class AsyncQuota:
         id: str | None = None,
         ttl_ms: int | None = None,
         policy: FailurePolicy | None = None,
-    ) -> Reservation:
+    ) -> results.Reservation:
         """QUOTA.RESERVE: holds ``amount`` if it fits. Give ``id`` to make retries safe."""
         return await self._run(self._plans.reserve(key, amount, id, ttl_ms), policy)
 
     async def settle(
         self, key: str, id: str, actual: int, *, policy: FailurePolicy | None = None
-    ) -> Settlement:
+    ) -> results.Settlement:
         """QUOTA.SETTLE: charges the real usage and releases the reservation."""
         return await self._run(self._plans.settle(key, id, actual), policy)
 
-    async def rollback(self, key: str, id: str, *, policy: FailurePolicy | None = None) -> Rollback:
+    async def rollback(
+        self, key: str, id: str, *, policy: FailurePolicy | None = None
+    ) -> results.Rollback:
         """QUOTA.ROLLBACK: releases the reservation, charging nothing."""
         return await self._run(self._plans.rollback(key, id), policy)
 
@@ -162,7 +143,7 @@ class AsyncQuota:
         id: str | None = None,
         force: bool = False,
         policy: FailurePolicy | None = None,
-    ) -> Charge:
+    ) -> results.Charge:
         """QUOTA.CHARGE: one-phase check-and-deduct (``force``: no check)."""
         return await self._run(self._plans.charge(key, amount, id, force), policy)
 
@@ -176,7 +157,7 @@ class AsyncQuota:
         precision_ms: int | None = None,
         peek: bool = False,
         policy: FailurePolicy | None = None,
-    ) -> WindowResult:
+    ) -> results.WindowResult:
         """QUOTA.WINDOW: a sliding-window rate limit. Omit ``limit``/``window_ms`` for a key
         configured with :meth:`set_window`."""
         call = self._plans.window(key, limit, window_ms, cost, precision_ms, peek)
@@ -192,7 +173,7 @@ class AsyncQuota:
         id: str | None = None,
         ttl_ms: int | None = None,
         policy: FailurePolicy | None = None,
-    ) -> MultiReservation:
+    ) -> results.MultiReservation:
         """QUOTA.MRESERVE: one amount per key, granted on every key or on none."""
         return await self._run(self._plans.mreserve(keys, amounts, id, ttl_ms), policy)
 
@@ -203,13 +184,13 @@ class AsyncQuota:
         actuals: Sequence[int],
         *,
         policy: FailurePolicy | None = None,
-    ) -> list[KeyOutcome]:
+    ) -> list[results.KeyOutcome]:
         """QUOTA.MSETTLE: settles ``id`` on every key, one actual per key."""
         return await self._run(self._plans.msettle(keys, id, actuals), policy)
 
     async def mrollback(
         self, keys: Sequence[str], id: str, *, policy: FailurePolicy | None = None
-    ) -> list[KeyOutcome]:
+    ) -> list[results.KeyOutcome]:
         """QUOTA.MROLLBACK: releases ``id`` on every key."""
         return await self._run(self._plans.mrollback(keys, id), policy)
 
@@ -267,22 +248,8 @@ class AsyncQuota:
         the whole amount if it reported nothing), or roll back if it raised (cancellation
         included). Raises :class:`QuotaDeniedError` on a denial."""
         r = await self.reserve(key, amount, id=id, ttl_ms=ttl_ms, policy=policy)
-        if not r.granted or r.id is None:
-            raise QuotaDeniedError(r)
-        held = Held(r.id, [amount], r)
-        hb = None
-        if heartbeat_s is not None:
-            hb = self.heartbeat(key, r.id, ttl_ms or 60_000, heartbeat_s, policy=policy)
-        try:
+        async with self._holding(key, r, [amount], ttl_ms, heartbeat_s, policy) as held:
             yield held
-        except BaseException:
-            if hb is not None:
-                await hb.stop()
-            await asyncio.shield(self.rollback(key, r.id, policy=policy))
-            raise
-        if hb is not None:
-            await hb.stop()
-        await self.settle(key, r.id, held.actuals[0], policy=policy)
 
     @asynccontextmanager
     async def mreservation(
@@ -297,22 +264,43 @@ class AsyncQuota:
     ) -> AsyncIterator[Held]:
         """:meth:`reservation` over several keys (MRESERVE, then MSETTLE or MROLLBACK)."""
         r = await self.mreserve(keys, amounts, id=id, ttl_ms=ttl_ms, policy=policy)
+        async with self._holding(keys, r, amounts, ttl_ms, heartbeat_s, policy) as held:
+            yield held
+
+    @asynccontextmanager
+    async def _holding(
+        self,
+        keys: str | Sequence[str],
+        r: results.Reservation | results.MultiReservation,
+        amounts: Sequence[int],
+        ttl_ms: int | None,
+        heartbeat_s: float | None,
+        policy: FailurePolicy | None,
+    ) -> AsyncIterator[Held]:
+        """The body of :meth:`reservation` (``keys`` one key) and :meth:`mreservation`."""
         if not r.granted or r.id is None:
             raise QuotaDeniedError(r)
-        held = Held(r.id, list(amounts), r)
+        id = r.id
+        held = Held(id, amounts, r)
         hb = None
         if heartbeat_s is not None:
-            hb = self.heartbeat(keys, r.id, ttl_ms or 60_000, heartbeat_s, policy=policy)
+            hb = self.heartbeat(keys, id, ttl_ms or 60_000, heartbeat_s, policy=policy)
         try:
             yield held
         except BaseException:
             if hb is not None:
                 await hb.stop()
-            await asyncio.shield(self.mrollback(keys, r.id, policy=policy))
+            if isinstance(keys, str):
+                await asyncio.shield(self.rollback(keys, id, policy=policy))
+            else:
+                await asyncio.shield(self.mrollback(keys, id, policy=policy))
             raise
         if hb is not None:
             await hb.stop()
-        await self.msettle(keys, r.id, held.actuals, policy=policy)
+        if isinstance(keys, str):
+            await self.settle(keys, id, held.actuals[0], policy=policy)
+        else:
+            await self.msettle(keys, id, held.actuals, policy=policy)
 
 
 class AsyncHeartbeat:

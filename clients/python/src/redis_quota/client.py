@@ -11,27 +11,14 @@ import redis
 import redis.exceptions
 
 from . import _protocol as p
+from . import results
 from ._core import Call, Plans
 from .errors import (
     ConflictError,
     NoReservationError,
     QuotaDeniedError,
-    QuotaUnavailableError,
-    from_response_error,
 )
 from .policy import FAIL_CLOSED, UNAVAILABLE_ERRORS, FailurePolicy, QuotaStats, log
-from .results import (
-    BudgetInfo,
-    Charge,
-    KeyOutcome,
-    MultiReservation,
-    PendingReservation,
-    Reservation,
-    Rollback,
-    Settlement,
-    WindowInfo,
-    WindowResult,
-)
 
 T = TypeVar("T")
 
@@ -53,25 +40,17 @@ class Quota:
 
     def _run(self, call: Call[T], policy: FailurePolicy | None) -> T:
         pol = policy or self.policy
-        if pol.limiter is not None and call.local_first is not None:
-            answer = call.local_first(pol.limiter)
-            if answer is not None:
-                return answer
+        answer = self._plans.local_first(call, pol)
+        if answer is not None:
+            return answer
         try:
             send: Any = self.redis.execute_command  # untyped in redis-py
             reply: Any = send(*call.args)
         except UNAVAILABLE_ERRORS as err:
-            closed = pol.limiter is None or call.local is None
-            name = p.to_str(call.args[0])
-            self.stats.record_failure(name, err, closed)
-            if pol.limiter is None or call.local is None:
-                raise QuotaUnavailableError(f"{name}: {err}") from err
-            return call.local(pol.limiter)
+            return self._plans.unavailable(call, pol, err)
         except redis.exceptions.ResponseError as err:
-            self.stats.record_ok()
-            raise from_response_error(err) from None
-        self.stats.record_ok()
-        return call.parse(reply)
+            raise self._plans.refused(err) from None
+        return self._plans.parse(call, reply)
 
     # --- budgets ---------------------------------------------------------------------------
 
@@ -120,11 +99,11 @@ class Quota:
         args = p.set_window_args(key, limit, window_ms, precision_ms, nx, xx)
         return self._run(self._plans.set(args), FAIL_CLOSED)
 
-    def info(self, key: str) -> BudgetInfo | WindowInfo | None:
+    def info(self, key: str) -> results.BudgetInfo | results.WindowInfo | None:
         """QUOTA.INFO: None if the key does not exist. Never degrades (fails closed)."""
         return self._run(self._plans.info(key), FAIL_CLOSED)
 
-    def pending(self, key: str, count: int | None = None) -> list[PendingReservation]:
+    def pending(self, key: str, count: int | None = None) -> list[results.PendingReservation]:
         """QUOTA.PENDING: live reservations, soonest deadline first."""
         return self._run(self._plans.pending(key, count), FAIL_CLOSED)
 
@@ -136,17 +115,19 @@ class Quota:
         id: str | None = None,
         ttl_ms: int | None = None,
         policy: FailurePolicy | None = None,
-    ) -> Reservation:
+    ) -> results.Reservation:
         """QUOTA.RESERVE: holds ``amount`` if it fits. Give ``id`` to make retries safe."""
         return self._run(self._plans.reserve(key, amount, id, ttl_ms), policy)
 
     def settle(
         self, key: str, id: str, actual: int, *, policy: FailurePolicy | None = None
-    ) -> Settlement:
+    ) -> results.Settlement:
         """QUOTA.SETTLE: charges the real usage and releases the reservation."""
         return self._run(self._plans.settle(key, id, actual), policy)
 
-    def rollback(self, key: str, id: str, *, policy: FailurePolicy | None = None) -> Rollback:
+    def rollback(
+        self, key: str, id: str, *, policy: FailurePolicy | None = None
+    ) -> results.Rollback:
         """QUOTA.ROLLBACK: releases the reservation, charging nothing."""
         return self._run(self._plans.rollback(key, id), policy)
 
@@ -162,7 +143,7 @@ class Quota:
         id: str | None = None,
         force: bool = False,
         policy: FailurePolicy | None = None,
-    ) -> Charge:
+    ) -> results.Charge:
         """QUOTA.CHARGE: one-phase check-and-deduct (``force``: no check)."""
         return self._run(self._plans.charge(key, amount, id, force), policy)
 
@@ -176,7 +157,7 @@ class Quota:
         precision_ms: int | None = None,
         peek: bool = False,
         policy: FailurePolicy | None = None,
-    ) -> WindowResult:
+    ) -> results.WindowResult:
         """QUOTA.WINDOW: a sliding-window rate limit. Omit ``limit``/``window_ms`` for a key
         configured with :meth:`set_window`."""
         call = self._plans.window(key, limit, window_ms, cost, precision_ms, peek)
@@ -192,7 +173,7 @@ class Quota:
         id: str | None = None,
         ttl_ms: int | None = None,
         policy: FailurePolicy | None = None,
-    ) -> MultiReservation:
+    ) -> results.MultiReservation:
         """QUOTA.MRESERVE: one amount per key, granted on every key or on none."""
         return self._run(self._plans.mreserve(keys, amounts, id, ttl_ms), policy)
 
@@ -203,13 +184,13 @@ class Quota:
         actuals: Sequence[int],
         *,
         policy: FailurePolicy | None = None,
-    ) -> list[KeyOutcome]:
+    ) -> list[results.KeyOutcome]:
         """QUOTA.MSETTLE: settles ``id`` on every key, one actual per key."""
         return self._run(self._plans.msettle(keys, id, actuals), policy)
 
     def mrollback(
         self, keys: Sequence[str], id: str, *, policy: FailurePolicy | None = None
-    ) -> list[KeyOutcome]:
+    ) -> list[results.KeyOutcome]:
         """QUOTA.MROLLBACK: releases ``id`` on every key."""
         return self._run(self._plans.mrollback(keys, id), policy)
 
@@ -263,22 +244,8 @@ class Quota:
         :class:`Heartbeat` extends the reservation while the body runs.
         """
         r = self.reserve(key, amount, id=id, ttl_ms=ttl_ms, policy=policy)
-        if not r.granted or r.id is None:
-            raise QuotaDeniedError(r)
-        held = Held(r.id, [amount], r)
-        hb = None
-        if heartbeat_s is not None:
-            hb = self.heartbeat(key, r.id, ttl_ms or 60_000, heartbeat_s, policy=policy)
-        try:
+        with self._holding(key, r, [amount], ttl_ms, heartbeat_s, policy) as held:
             yield held
-        except BaseException:
-            if hb is not None:
-                hb.stop()
-            self.rollback(key, r.id, policy=policy)
-            raise
-        if hb is not None:
-            hb.stop()
-        self.settle(key, r.id, held.actuals[0], policy=policy)
 
     @contextmanager
     def mreservation(
@@ -294,29 +261,53 @@ class Quota:
         """:meth:`reservation` over several keys (MRESERVE, then MSETTLE or MROLLBACK); the
         body reports one actual per key (``held.report(*actuals)``)."""
         r = self.mreserve(keys, amounts, id=id, ttl_ms=ttl_ms, policy=policy)
+        with self._holding(keys, r, amounts, ttl_ms, heartbeat_s, policy) as held:
+            yield held
+
+    @contextmanager
+    def _holding(
+        self,
+        keys: str | Sequence[str],
+        r: results.Reservation | results.MultiReservation,
+        amounts: Sequence[int],
+        ttl_ms: int | None,
+        heartbeat_s: float | None,
+        policy: FailurePolicy | None,
+    ) -> Iterator[Held]:
+        """The body of :meth:`reservation` (``keys`` one key) and :meth:`mreservation`."""
         if not r.granted or r.id is None:
             raise QuotaDeniedError(r)
-        held = Held(r.id, list(amounts), r)
+        id = r.id
+        held = Held(id, amounts, r)
         hb = None
         if heartbeat_s is not None:
-            hb = self.heartbeat(keys, r.id, ttl_ms or 60_000, heartbeat_s, policy=policy)
+            hb = self.heartbeat(keys, id, ttl_ms or 60_000, heartbeat_s, policy=policy)
         try:
             yield held
         except BaseException:
             if hb is not None:
                 hb.stop()
-            self.mrollback(keys, r.id, policy=policy)
+            if isinstance(keys, str):
+                self.rollback(keys, id, policy=policy)
+            else:
+                self.mrollback(keys, id, policy=policy)
             raise
         if hb is not None:
             hb.stop()
-        self.msettle(keys, r.id, held.actuals, policy=policy)
+        if isinstance(keys, str):
+            self.settle(keys, id, held.actuals[0], policy=policy)
+        else:
+            self.msettle(keys, id, held.actuals, policy=policy)
 
 
 class Held:
     """What the body of a ``reservation()`` sees: the grant, and ``report()`` for the usage."""
 
     def __init__(
-        self, id: str, amounts: Sequence[int], result: Reservation | MultiReservation
+        self,
+        id: str,
+        amounts: Sequence[int],
+        result: results.Reservation | results.MultiReservation,
     ) -> None:
         self.id = id
         self.result = result

@@ -1,5 +1,7 @@
-//! The replay's own redis-server (when no `REDIS_URL` is given): a free port, no persistence, a
-//! temporary directory, the module loaded; stopped when dropped.
+//! A redis-server (`$REDIS_SERVER`, default redis-server) started for one run of an example: a
+//! free port, no persistence, a temp dir, the module loaded; killed and its dir removed on drop.
+//! Shared by the bench (bench/server.rs) and the demo replay (examples/replay), which include
+//! this file with `#[path]` (each is an example crate of its own).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -17,40 +19,50 @@ pub fn server_bin() -> String {
 }
 
 /// `$QUOTA_MODULE`, else the release build, as an absolute path (redis-server changes directory
-/// to `--dir` before loading modules).
-pub fn module_path() -> Result<PathBuf> {
+/// to `--dir` before loading modules). `how` says how to build it when it is missing.
+pub fn module_path(how: &str) -> Result<PathBuf> {
     let path = match std::env::var_os("QUOTA_MODULE") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_quota.so"),
     };
     std::fs::canonicalize(&path).map_err(|e| {
         format!(
-            "module not found at {} ({e}): build it with `cargo build --release` \
-             (or run `make demo`), or set QUOTA_MODULE",
+            "module not found at {} ({e}): {how}, or set QUOTA_MODULE",
             path.display()
         )
         .into()
     })
 }
 
-/// A redis-server started for this run; killed and its temp dir removed on drop.
 pub struct Server {
     pub port: u16,
-    pub module: PathBuf,
     dir: PathBuf,
-    child: Child,
+    // pub(super): the including module adds its own methods (the bench's `pid`).
+    pub(super) child: Child,
 }
 
 impl Server {
-    pub fn start(module: &Path) -> Result<Server> {
-        let dir = std::env::temp_dir().join(format!("redis-quota-replay-{}", std::process::id()));
+    /// Starts a server in the temp dir `redis-quota-<name>-<pid>`, loading `extra` (a second
+    /// module, without arguments) if given, then `module` with `module_args` (`name value ...`
+    /// configs); returns once it answers PING (10 s at most).
+    pub fn spawn(
+        name: &str,
+        module: &Path,
+        module_args: &[&str],
+        extra: Option<&Path>,
+    ) -> Result<Server> {
+        let dir = std::env::temp_dir().join(format!("redis-quota-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("cannot find a free port: {e}"))?
             .port();
-        let child = Command::new(server_bin())
+        let mut cmd = Command::new(server_bin());
+        if let Some(extra) = extra {
+            cmd.arg("--loadmodule").arg(extra);
+        }
+        let child = cmd
             .arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -65,6 +77,7 @@ impl Server {
             .arg(dir.join("redis.log"))
             .arg("--loadmodule")
             .arg(module)
+            .args(module_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -74,20 +87,20 @@ impl Server {
                     server_bin()
                 )
             })?;
-        let mut server = Server {
-            port,
-            module: module.to_path_buf(),
-            dir,
-            child,
-        };
+        let mut server = Server { port, dir, child };
         server.wait_ready()?;
         Ok(server)
     }
 
-    /// Waits until the server answers PING (10 s at most).
+    pub fn client(&self) -> Result<redis::Client> {
+        Ok(redis::Client::open(format!(
+            "redis://127.0.0.1:{}/",
+            self.port
+        ))?)
+    }
+
     fn wait_ready(&mut self) -> Result<()> {
-        let url = format!("redis://127.0.0.1:{}/", self.port);
-        let client = redis::Client::open(url.as_str())?;
+        let client = self.client()?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
