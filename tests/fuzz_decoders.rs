@@ -24,10 +24,11 @@ use redis_quota::core::ledger::{
 };
 use redis_quota::core::period::{Period, PeriodKind};
 use redis_quota::core::window::{IdPlan, Window, WindowConfig, WindowEffect, WindowParams};
-use redis_quota::shell::effects;
+use redis_quota::shell::effects::{self, Logged};
 use redis_quota::shell::persist::{
     decode_budget, decode_window, encode_budget, encode_window, BUDGET_ENCVER, WINDOW_ENCVER,
 };
+use redis_quota::shell::usage;
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -663,6 +664,8 @@ fn token() -> impl Strategy<Value = Vec<u8>> {
         Just("CHARGE"),
         Just("CHARGEID"),
         Just("FORGET"),
+        Just("LOGGED"),
+        Just("USAGE"),
         Just("-"),
         Just("NONE"),
         Just("DAY"),
@@ -789,6 +792,20 @@ fn effect() -> impl Strategy<Value = Effect> {
 fn effect_decoder_survives_random_tokens() {
     let tokens = proptest::collection::vec(token(), 0..24);
     fuzz((tokens, budget()), |(tokens, (b, now))| {
+        // LOGGED marks: each after an effect that logs, at most one per effect, in order.
+        if let Ok((list, logged)) = effects::decode_logged(tokens.iter().map(Vec::as_slice)) {
+            let afters: Vec<usize> = logged.iter().map(|l| l.after).collect();
+            prop_assert!(afters.windows(2).all(|w| w[0] < w[1]), "{afters:?}");
+            for l in &logged {
+                prop_assert!(list.get(l.after).is_some_and(usage::logs), "{l:?}");
+                prop_assert!(l.len >= 1 && (l.ms, l.seq) != (0, 0), "{l:?}");
+            }
+            if logged.is_empty() {
+                prop_assert!(effects::decode(tokens.iter().map(Vec::as_slice)).is_ok());
+            } else {
+                prop_assert!(effects::decode(tokens.iter().map(Vec::as_slice)).is_err());
+            }
+        }
         if let Ok(list) = effects::decode(tokens.iter().map(Vec::as_slice)) {
             let mut b = b;
             for e in &list {
@@ -862,6 +879,71 @@ fn packed_effects_round_trip() {
             let _ = effects::unpack(&bytes[..i]);
             if let Ok(t) = effects::unpack(&junk) {
                 let _ = effects::decode(t);
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Effects with `LOGGED` marks after some of the ones that log (random ids and lengths): the
+/// token and packed forms decode to the same effects and marks; one token dropped or replaced
+/// decodes or fails without panicking, and never to a mark on an effect that cannot log.
+#[test]
+fn logged_marks_round_trip() {
+    let list = proptest::collection::vec(
+        (
+            effect(),
+            any::<bool>(),
+            1u64..u64::MAX,
+            any::<u64>(),
+            1i64..i64::MAX,
+        ),
+        1..6,
+    );
+    fuzz(
+        (list, any::<i64>(), any::<Index>(), token()),
+        |(list, at, at_token, replacement)| {
+            let effects_only: Vec<Effect> = list.iter().map(|x| x.0.clone()).collect();
+            let marks: Vec<Logged> = list
+                .iter()
+                .enumerate()
+                .filter(|(_, (e, mark, ..))| *mark && usage::logs(e))
+                .map(|(after, (_, _, ms, seq, len))| Logged {
+                    after,
+                    ms: *ms,
+                    seq: *seq,
+                    len: *len,
+                })
+                .collect();
+            let mut tokens: Vec<Vec<u8>> = Vec::new();
+            effects::write_all(&effects_only, &marks, &mut tokens);
+            let back = effects::decode_logged(tokens.iter().map(Vec::as_slice));
+            prop_assert_eq!(
+                back.as_ref().ok(),
+                Some(&(effects_only.clone(), marks.clone())),
+                "{:?}",
+                back.as_ref().err()
+            );
+            let mut packed = effects::Packed::with_capacity(64);
+            effects::TokenSink::int(&mut packed, at);
+            effects::write_all(&effects_only, &marks, &mut packed);
+            let unpacked = effects::unpack(packed.as_bytes())
+                .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            let back = effects::decode_logged(unpacked.into_iter().skip(1));
+            prop_assert_eq!(back.ok(), Some((effects_only, marks)));
+            let i = at_token.index(tokens.len());
+            let mut changed = tokens.clone();
+            changed.remove(i);
+            for t in [changed, {
+                let mut t = tokens.clone();
+                t[i] = replacement;
+                t
+            }] {
+                if let Ok((list, logged)) = effects::decode_logged(t.iter().map(Vec::as_slice)) {
+                    for l in &logged {
+                        prop_assert!(list.get(l.after).is_some_and(usage::logs));
+                    }
+                }
             }
             Ok(())
         },

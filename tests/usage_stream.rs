@@ -397,6 +397,30 @@ fn workload(c: &mut redis::Connection, t0: i64) {
     );
 }
 
+/// What XINFO STREAM says of a stream that does not depend on its node size: length, last
+/// generated id, max deleted id, entries added, first recorded id.
+fn stream_meta(c: &mut redis::Connection, stream: &str) -> Vec<(String, String)> {
+    let keep = [
+        "length",
+        "last-generated-id",
+        "max-deleted-entry-id",
+        "entries-added",
+        "recorded-first-entry-id",
+    ];
+    items(&ok(c, &["XINFO", "STREAM", stream]))
+        .chunks(2)
+        .map(|p| (text(&p[0]), p[1].clone()))
+        .filter(|(k, _)| keep.contains(&k.as_str()))
+        .map(|(k, v)| {
+            let v = match v {
+                Value::Int(n) => n.to_string(),
+                other => text(&other),
+            };
+            (k, v)
+        })
+        .collect()
+}
+
 #[test]
 fn replica_aof_and_reload_hold_the_masters_stream() {
     // Different node sizes: approximate trimming on the master must not depend on them.
@@ -419,16 +443,20 @@ fn replica_aof_and_reload_hold_the_masters_stream() {
     assert_eq!(all_digests(&mut r), want);
     assert_eq!(entries(&mut r, "{a}:u"), entries(&mut m, "{a}:u"));
     // The master adds its entries through the stream API, not by running XADD; the replica
-    // applies the XADDs the master replicated.
+    // rebuilds them from the effects with the master's ids (`LOGGED` in QUOTA.APPLY): no XADD
+    // runs on either.
     let xadds = |c: &mut redis::Connection| {
         let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
         stats.contains("cmdstat_xadd:")
     };
     assert!(!xadds(&mut m));
-    assert!(xadds(&mut r));
+    assert!(!xadds(&mut r));
     // Trimmed on the master (MAXLEN ~ 10 with 4-entry nodes), the same on the replica.
     let len = xlen(&mut m, "{a}:u");
     assert!((10..=14).contains(&len), "{len}");
+    assert!(len < 3 * 60);
+    assert_eq!(stream_meta(&mut r, "{a}:u"), stream_meta(&mut m, "{a}:u"));
+    assert_eq!(stream_meta(&mut r, "xu"), stream_meta(&mut m, "xu"));
     // STREAMMAXLEN 0: nothing trimmed, and the entries add up to `used`.
     let sp = items(&ok(&mut m, &["XINFO", "STREAM", "xu"]));
     let deleted = sp
@@ -601,6 +629,8 @@ fn a_user_may_log_only_to_streams_its_key_patterns_allow() {
 #[test]
 fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
     let s = clock_server(&[]);
+    let replica = clock_server(&[]);
+    replica.replicate_from(&s);
     let mut c = s.conn();
     let t = |d: i64| (T + d).to_string();
     // The first key logs to a stream that stays fine: only the second one's goes bad.
@@ -672,6 +702,13 @@ fn multi_key_settles_log_each_budget_and_a_bad_stream_refuses_them_all() {
     // A retried multi-key settle appends nothing.
     ok(&mut c, &settle);
     assert_eq!((xlen(&mut c, "{t}:u"), xlen(&mut c, "{t}:u2")), (1, 1));
+    // The replica rebuilt both entries from QUOTA.MAPPLY's LOGGED tokens.
+    sync(&mut c);
+    let mut r = replica.conn();
+    assert_eq!(all_digests(&mut r), all_digests(&mut c));
+    for stream in ["{t}:u", "{t}:u2"] {
+        assert_eq!(entries(&mut r, stream), entries(&mut c, stream));
+    }
 }
 
 #[test]
@@ -715,6 +752,68 @@ fn charging_expiries_log_what_they_charged() {
     assert_eq!((got[0][3].1.as_str(), got[0][4].1.as_str()), ("40", "40"));
     let sum: i64 = got.iter().map(|f| f[4].1.parse::<i64>().unwrap()).sum();
     assert_eq!(sum, info_at(&mut c, "tok", T + 100)["used"]);
+}
+
+#[test]
+fn writes_that_log_nothing_skip_the_stream_and_the_ones_that_log_are_checked() {
+    let s = clock_server(&[]);
+    let mut c = s.conn();
+    let t = |d: i64| (T + d).to_string();
+    ok(
+        &mut c,
+        &["QUOTA.SET", "b", "LIMIT", "100", "STREAM", "u", "AT", &t(0)],
+    );
+    // The stream key holds another type (only a user can do that).
+    ok(&mut c, &["SET", "u", "x"]);
+    // A grant and a heartbeat log nothing: they do not look at the stream key.
+    ok(
+        &mut c,
+        &[
+            "QUOTA.RESERVE",
+            "b",
+            "10",
+            "ID",
+            "r1",
+            "TTL",
+            "50",
+            "AT",
+            &t(1),
+        ],
+    );
+    ok(&mut c, &["QUOTA.EXTEND", "b", "r1", "60", "AT", &t(2)]);
+    assert_eq!(info_at(&mut c, "b", T + 2)["reserved"], 10);
+    // Every write that would log is refused before anything changes: a settle, a charge, a
+    // rollback, and a grant that releases an expired reservation on the way.
+    let d = digest(&mut c, "b");
+    for cmd in [
+        vec!["QUOTA.SETTLE", "b", "r1", "5"],
+        vec!["QUOTA.CHARGE", "b", "1"],
+        vec!["QUOTA.ROLLBACK", "b", "r1"],
+    ] {
+        let mut cmd = cmd;
+        let now = t(3);
+        cmd.extend(["AT", &now]);
+        assert_eq!(err(&mut c, &cmd).0, "WRONGTYPE", "{cmd:?}");
+    }
+    let late = t(100);
+    assert_eq!(
+        err(
+            &mut c,
+            &["QUOTA.RESERVE", "b", "1", "ID", "r2", "AT", &late]
+        )
+        .0,
+        "WRONGTYPE"
+    );
+    assert_eq!(digest(&mut c, "b"), d);
+    assert_eq!(text(&ok(&mut c, &["GET", "u"])), "x");
+    // With the stream back, the same grant logs the expiry.
+    ok(&mut c, &["DEL", "u"]);
+    ok(
+        &mut c,
+        &["QUOTA.RESERVE", "b", "1", "ID", "r2", "AT", &late],
+    );
+    let got: Vec<Fields> = entries(&mut c, "u").into_iter().map(|(_, f)| f).collect();
+    assert_eq!(got, [entry("b", "expire", "r1", 10, 0, 0, -1, T + 100)]);
 }
 
 /// Waits until `n` clients are blocked (a blocking read on another connection).
@@ -862,8 +961,9 @@ fn entries_fire_the_keyspace_events_of_an_xadd() {
 }
 
 #[test]
-fn without_xadd_nothing_is_logged_and_replicas_stay_equal() {
-    // XADD renamed away: entries could not be replicated, so none are added (counted).
+fn without_xadd_entries_are_still_logged_and_replicated() {
+    // XADD renamed away: the entries are added through the stream API and carried to replicas
+    // in the effects (`LOGGED`), so no XADD is needed anywhere.
     let args = ["--rename-command", "XADD", ""];
     let master = clock_server(&args);
     let replica = clock_server(&args);
@@ -885,10 +985,195 @@ fn without_xadd_nothing_is_logged_and_replicas_stay_equal() {
     );
     ok(&mut m, &["QUOTA.CHARGE", "b", "3", "AT", &at(T + 1)]);
     ok(&mut m, &["QUOTA.CHARGE", "b", "2", "AT", &at(T + 2)]);
-    assert_eq!(xlen(&mut m, "u"), 0);
+    assert_eq!(xlen(&mut m, "u"), 2);
     let stats = info_section(&mut m, "quota");
-    assert_eq!(stats["quota_usage_stream_errors"], 2);
+    assert_eq!(stats["quota_usage_stream_errors"], 0);
     assert_eq!(info_at(&mut m, "b", T + 2)["used"], 5);
     sync(&mut m);
     assert_eq!(all_digests(&mut r), all_digests(&mut m));
+    assert_eq!(entries(&mut r, "u"), entries(&mut m, "u"));
+}
+
+/// One command in RESP, as an AOF holds it.
+fn resp(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// An AOF of both replicated forms: `QUOTA.APPLY` followed by the `XADD` the master replicated
+/// (before `LOGGED` existed), and `QUOTA.APPLY` with `LOGGED` (the replay adds the entry with
+/// the master's id and trims to its length). Forged `LOGGED` tokens are refused and change
+/// nothing; a stream key of another type refuses the line (an error, no crash).
+#[test]
+fn aofs_of_both_forms_load_and_forged_logged_tokens_are_refused() {
+    let t = |d: i64| (T + d).to_string();
+    let line = |d: i64, rest: &str| format!("{} {rest}", t(d));
+    let config = "CONFIG 100 0 0 -1 60000 NONE 3:UTC - - - USAGE 1:u 10";
+    let mut lines: Vec<Vec<String>> = vec![
+        vec!["QUOTA.APPLY".into(), "b".into(), line(0, config)],
+        // Before LOGGED: the effects, then the XADD.
+        vec!["QUOTA.APPLY".into(), "b".into(), line(1, "CHARGE 3 0")],
+        [
+            "XADD",
+            "u",
+            "MAXLEN",
+            "=",
+            "1",
+            &format!("{}-0", t(1)),
+            "key",
+            "b",
+            "event",
+            "charge",
+            "id",
+            "",
+            "held",
+            "-1",
+            "charged",
+            "3",
+            "used",
+            "3",
+            "period_start",
+            "-1",
+            "at",
+            &t(1),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        // With LOGGED: an entry with the master's id; then one the master trimmed down to.
+        vec![
+            "QUOTA.APPLY".into(),
+            "b".into(),
+            line(2, &format!("CHARGE 4 0 LOGGED {} 5 2", t(2))),
+        ],
+        vec![
+            "QUOTA.APPLY".into(),
+            "b".into(),
+            line(3, &format!("CHARGE 1 0 LOGGED {} 0 1", t(3))),
+        ],
+    ];
+    // Forged: each refused by the decoder before anything applies.
+    for forged in [
+        format!("LOGGED {} 0 1 CHARGE 1 0", t(4)),
+        format!("GRANT 1:a 1 {} LOGGED {} 0 1", t(9999), t(4)),
+        format!("CHARGE 1 0 LOGGED {} 0 2 LOGGED {} 1 3", t(4), t(4)),
+        "CHARGE 1 0 LOGGED 0 0 2".to_string(),
+        format!("CHARGE 1 0 LOGGED {} 0 0", t(4)),
+        format!("CHARGE 1 0 LOGGED {} 01 2", t(4)),
+        format!("CHARGE 1 0 LOGGED {} -1 2", t(4)),
+        format!("CHARGE 1 0 LOGGED {} 0", t(4)),
+        format!("CHARGE 1 0 LOGGED x{} 0 2", t(4)),
+    ] {
+        lines.push(vec!["QUOTA.APPLY".into(), "b".into(), line(4, &forged)]);
+    }
+    // A budget whose stream key holds a string: its line with an entry is refused.
+    let c_config = "CONFIG 100 0 0 -1 60000 NONE 3:UTC - - - USAGE 2:cu 10";
+    lines.push(vec!["QUOTA.APPLY".into(), "c".into(), line(0, c_config)]);
+    lines.push(vec!["SET".into(), "cu".into(), "x".into()]);
+    lines.push(vec![
+        "QUOTA.APPLY".into(),
+        "c".into(),
+        line(1, &format!("CHARGE 1 0 LOGGED {} 0 1", t(1))),
+    ]);
+    let mut aof = Vec::new();
+    for l in &lines {
+        let args: Vec<&str> = l.iter().map(String::as_str).collect();
+        aof.extend(resp(&args));
+    }
+    let args = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
+    let mods = ["test-clock", "yes", "sweep-effort", "0"];
+    let s = Server::start_with_files(&args, &mods, &[("appendonly.aof", &aof)]);
+    let mut c = s.conn();
+    assert_eq!(keys(&mut c), ["b", "c", "cu", "u"]);
+    assert_eq!(info_at(&mut c, "b", T + 4)["used"], 8);
+    assert_eq!(info_at(&mut c, "c", T + 4)["used"], 0);
+    assert_eq!(text(&ok(&mut c, &["GET", "cu"])), "x");
+    // No double entries: the old line's XADD gave the first entry, and the new lines' entries
+    // were rebuilt; the last trimmed the stream to the master's length, 1.
+    assert_eq!(
+        entries(&mut c, "u"),
+        [(
+            format!("{}-0", t(3)),
+            entry("b", "charge", "", -1, 1, 8, -1, T + 3)
+        )]
+    );
+    let meta = stream_meta(&mut c, "u");
+    let get = |k: &str| meta.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("entries-added").as_deref(), Some("3"));
+    assert_eq!(get("last-generated-id"), Some(format!("{}-0", t(3))));
+    assert_eq!(
+        info_section(&mut c, "quota")["quota_usage_stream_errors"],
+        1
+    );
+}
+
+/// On a replica the rebuilt entries fire what the master's fire (`xadd`, `xtrim`) and touch
+/// `WATCH`; entries made in one MULTI/EXEC (ids in the same millisecond) come out identical.
+#[test]
+fn replicas_signal_rebuilt_entries_and_multi_exec_keeps_the_ids() {
+    let master = clock_server(&["--stream-node-max-entries", "2"]);
+    let replica = clock_server(&["--stream-node-max-entries", "2"]);
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    ok(&mut r, &["CONFIG", "SET", "notify-keyspace-events", "Et"]);
+    let mut sub = replica.conn();
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.psubscribe("__keyevent@0__:x*").unwrap();
+    ok(
+        &mut m,
+        &[
+            "QUOTA.SET",
+            "b",
+            "LIMIT",
+            "100",
+            "STREAM",
+            "u",
+            "STREAMMAXLEN",
+            "2",
+            "AT",
+            &at(T),
+        ],
+    );
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for i in 0..5 {
+        pipe.cmd("QUOTA.CHARGE")
+            .arg("b")
+            .arg(1)
+            .arg("AT")
+            .arg(T + 1 + i);
+    }
+    let _: Value = pipe.query(&mut m).unwrap();
+    sync(&mut m);
+    // WATCH on the replica sees the next rebuilt entry.
+    let mut w = replica.conn();
+    ok(&mut w, &["WATCH", "u"]);
+    ok(&mut m, &["QUOTA.CHARGE", "b", "1", "AT", &at(T + 9)]);
+    ok(&mut m, &["XADD", "end", "*", "f", "1"]);
+    sync(&mut m);
+    ok(&mut w, &["MULTI"]);
+    ok(&mut w, &["XLEN", "u"]);
+    assert_eq!(ok(&mut w, &["EXEC"]), Value::Nil);
+    let mut events: Vec<String> = Vec::new();
+    loop {
+        let msg = ps.get_message().unwrap();
+        let event = msg.get_channel_name().trim_start_matches("__keyevent@0__:");
+        let key: String = msg.get_payload().unwrap();
+        if key == "end" {
+            break;
+        }
+        assert_eq!(key, "u");
+        events.push(event.to_string());
+    }
+    assert_eq!(events.iter().filter(|e| *e == "xadd").count(), 6);
+    assert!(events.iter().any(|e| e == "xtrim"), "{events:?}");
+    assert_eq!(entries(&mut r, "u"), entries(&mut m, "u"));
+    assert_eq!(stream_meta(&mut r, "u"), stream_meta(&mut m, "u"));
+    assert_eq!(all_digests(&mut r), all_digests(&mut m));
+    assert_eq!(info_at(&mut r, "b", T + 9)["used"], 6);
 }

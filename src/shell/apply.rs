@@ -7,6 +7,7 @@
 use redis_module::{Context, RedisError, RedisString};
 
 use crate::core::ledger::{Budget, Effect, OnExpire, View};
+use crate::shell::effects::Logged;
 use crate::shell::usage::{self, UsageEntry};
 use crate::shell::{events, replicate, stats, sweep_index};
 
@@ -23,9 +24,12 @@ pub fn apply_and_propagate(
     effects: &[Effect],
 ) -> Result<View, RedisError> {
     let logging = usage::may_log(budget, effects);
-    if logging {
-        usage::check_stream(ctx, budget, effects)?;
-    }
+    // Checked, and left open for the entries (one budget: no other handle on the stream key).
+    let held = if logging {
+        usage::hold_stream(ctx, budget, effects)?
+    } else {
+        None
+    };
     let mut log = Vec::new();
     let (result, view) = apply_counted_logged(
         ctx,
@@ -36,8 +40,8 @@ pub fn apply_and_propagate(
         logging.then_some(&mut log),
     );
     let view = view.unwrap_or_else(|| budget.view(at));
-    replicate_applied(ctx, key_name, at, effects, &result);
-    write_usage(ctx, key_name, budget, at, &log);
+    let marks = write_usage(ctx, key_name, budget, at, &log, held);
+    replicate_applied(ctx, key_name, at, effects, &result, &marks);
     match result.error {
         Some(e) => Err(e),
         None => Ok(view),
@@ -56,22 +60,25 @@ pub fn apply_and_replicate(
     let mut log = Vec::new();
     let logging = usage::may_log(budget, effects).then_some(&mut log);
     let result = apply_counted_logged(ctx, key_name, budget, at, effects, logging).0;
-    replicate_applied(ctx, key_name, at, effects, &result);
-    write_usage(ctx, key_name, budget, at, &log);
+    let marks = write_usage(ctx, key_name, budget, at, &log, None);
+    replicate_applied(ctx, key_name, at, effects, &result, &marks);
     result
 }
 
-/// Adds usage entries to the budget's stream, after the effects were replicated (both go in
-/// the same MULTI/EXEC to replicas and the AOF).
+/// Adds usage entries to the budget's stream (through `held` if it is that stream's key, as
+/// [`usage::hold_stream`] left it open), before the effects are replicated: returns the
+/// `LOGGED` marks (entry ids, lengths) to replicate with them.
 pub fn write_usage(
     ctx: &Context,
     key_name: &RedisString,
     budget: &Budget,
     at: i64,
     log: &[UsageEntry],
-) {
-    if let Some(u) = budget.usage() {
-        usage::write(ctx, key_name, u, at, log);
+    held: Option<usage::HeldStream>,
+) -> usage::Marks {
+    match budget.usage() {
+        Some(u) => usage::write(ctx, key_name, u, at, log, held),
+        None => usage::Marks::new(),
     }
 }
 
@@ -84,9 +91,10 @@ fn replicate_applied(
     at: i64,
     effects: &[Effect],
     result: &Applied,
+    logged: &[Logged],
 ) {
     let applied = effects.get(..result.applied).unwrap_or(&[]);
-    replicate::replicate_effects(ctx, key_name, at, applied);
+    replicate::replicate_effects(ctx, key_name, at, applied, logged);
     count_releases(applied);
 }
 
@@ -125,7 +133,7 @@ pub fn apply_counted(
 }
 
 /// [`apply_counted`], collecting the usage entries of the applied effects into `log` if given
-/// (a master's write; replicas apply the master's XADD instead).
+/// (a master's write, or a replica's line with `LOGGED` marks).
 pub fn apply_counted_logged(
     ctx: &Context,
     key_name: &RedisString,

@@ -13,10 +13,12 @@
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::ledger::{Budget, Effect};
-use crate::shell::apply::{apply_all, apply_counted, Applied, Counts};
+use crate::shell::apply::{apply_counted_logged, Applied, Counts};
 use crate::shell::args::{parse_i64, Args};
 use crate::shell::budget_type::{BUDGET_TYPE, BUDGET_TYPE_NAME};
+use crate::shell::effects::Logged;
 use crate::shell::key::ModuleKey;
+use crate::shell::usage::{self, UsageEntry};
 use crate::shell::window_type::{WINDOW_TYPE, WINDOW_TYPE_NAME};
 use crate::shell::{effects, events, persist, stats, sweep_index};
 
@@ -39,20 +41,23 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     let mut a = Args::new(&args, 2)?;
     let key_name = a.next_string()?;
-    let (at, list) = if args.len() == 3 {
+    let (at, (list, logged)) = if args.len() == 3 {
         // One argument: the packed form.
         let tokens = effects::unpack(a.next_bytes()?)?;
         let (at, rest) = tokens.split_first().ok_or(RedisError::WrongArity)?;
-        (parse_i64(at)?, effects::decode(rest.iter().copied())?)
+        (
+            parse_i64(at)?,
+            effects::decode_logged(rest.iter().copied())?,
+        )
     } else {
         let at = a.next_i64()?;
-        let list = effects::decode(args.iter().skip(3).map(RedisString::as_slice))?;
+        let list = effects::decode_logged(args.iter().skip(3).map(RedisString::as_slice))?;
         (at, list)
     };
     if list.is_empty() {
         return Err(RedisError::WrongArity);
     }
-    let result = apply_budget_at_key(ctx, key_name, at, &list)?;
+    let result = apply_budget_at_key(ctx, key_name, at, &list, &logged)?;
     if result.applied > 0 {
         // Feeds this server's own AOF and sub-replicas.
         ctx.replicate_verbatim();
@@ -65,24 +70,46 @@ pub fn quota_apply(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// Applies one replicated line of budget effects at `at` to the budget at `key_name` (a first
 /// `CONFIG` creates it), with what follows every change (events, counters, the sweeper's
-/// index); replication is the caller's. Errors if the key cannot be opened or holds no budget
-/// and the line does not create one; otherwise returns how far the effects got.
+/// index), and adds the usage entries the master added (`logged`, [`usage::rebuild`]);
+/// replication is the caller's. Errors if the key cannot be opened or holds no budget and the
+/// line does not create one, or (before anything changes) if the line has entries and the
+/// usage stream key holds another type; otherwise returns how far the effects got.
 pub(crate) fn apply_budget_at_key(
     ctx: &Context,
     key_name: &RedisString,
     at: i64,
     list: &[Effect],
+    logged: &[Logged],
 ) -> Result<Applied, RedisError> {
     let mut key = ModuleKey::open_writable(ctx, key_name)?;
+    let mut entries = Vec::new();
     let result = match key.value_mut::<Budget>(&BUDGET_TYPE)? {
-        Some(budget) => apply_counted(ctx, key_name, budget, at, list).0,
+        Some(budget) => {
+            if !logged.is_empty() {
+                if let Err(e) = check_replicated_stream(ctx, budget, list) {
+                    key.unchanged();
+                    return Err(e);
+                }
+            }
+            let log = (!logged.is_empty()).then_some(&mut entries);
+            let result = apply_counted_logged(ctx, key_name, budget, at, list, log).0;
+            rebuild_usage(ctx, key_name, budget, at, &entries, logged);
+            result
+        }
         None => {
             // Only a CONFIG effect creates a budget.
             let Some(Effect::Configure { settings, .. }) = list.first() else {
                 return Err(RedisError::Str("ERR QUOTA.APPLY: no budget at this key"));
             };
             let mut budget = Budget::new(*settings, at);
-            let result = apply_all(&mut budget, at, list);
+            if !logged.is_empty() {
+                if let Err(e) = check_replicated_stream(ctx, &budget, list) {
+                    key.unchanged();
+                    return Err(e);
+                }
+            }
+            let log = (!logged.is_empty()).then_some(&mut entries);
+            let result = usage::apply_logged(&mut budget, at, list, log);
             if result.applied > 0 {
                 let counts = Counts::of(&budget);
                 sweep_index::track_budget(
@@ -98,6 +125,9 @@ pub(crate) fn apply_budget_at_key(
                     list.get(..result.applied).unwrap_or(&[]),
                     || 0,
                 );
+                if let Ok(Some(budget)) = key.value::<Budget>(&BUDGET_TYPE) {
+                    rebuild_usage(ctx, key_name, budget, at, &entries, logged);
+                }
             }
             result
         }
@@ -106,6 +136,45 @@ pub(crate) fn apply_budget_at_key(
         key.unchanged();
     }
     Ok(result)
+}
+
+/// [`usage::check_stream`] for a replicated line with entries: a stream key of another type
+/// (impossible with the master's state) refuses the line before anything changes, logged.
+fn check_replicated_stream(
+    ctx: &Context,
+    budget: &Budget,
+    list: &[Effect],
+) -> Result<(), RedisError> {
+    usage::check_stream(ctx, budget, list).inspect_err(|_| {
+        stats::add(&stats::USAGE_ERRORS, 1);
+        ctx.log_warning(
+            "quota: a replicated write was refused: its usage stream key is not a stream",
+        );
+    })
+}
+
+/// Adds the master's entries (`logged`) derived as `entries` to the budget's stream.
+fn rebuild_usage(
+    ctx: &Context,
+    key_name: &RedisString,
+    budget: &Budget,
+    at: i64,
+    entries: &[UsageEntry],
+    logged: &[Logged],
+) {
+    if logged.is_empty() {
+        return;
+    }
+    match budget.usage() {
+        Some(log) => usage::rebuild(ctx, key_name, log, at, entries, logged),
+        None => {
+            stats::add(
+                &stats::USAGE_ERRORS,
+                i64::try_from(logged.len()).unwrap_or(i64::MAX),
+            );
+            ctx.log_warning("quota: a replicated usage entry names a budget without a stream");
+        }
+    }
 }
 
 /// `QUOTA.LOAD key type encver payload` (or legacy `QUOTA.LOAD key encver payload`, a budget)

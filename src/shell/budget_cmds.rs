@@ -291,11 +291,12 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let counts = Counts::of(&budget);
     key.set_value(&BUDGET_TYPE, budget)?;
     counts.adopt();
-    replicate::replicate_effects(ctx, key_name, wall, &list);
     events::notify(ctx, key_name, &list, || 0);
-    if let Some(log) = log {
-        usage::write(ctx, key_name, &log, wall, &entries);
-    }
+    let marks = match log {
+        Some(log) => usage::write(ctx, key_name, &log, wall, &entries, None),
+        None => usage::Marks::new(),
+    };
+    replicate::replicate_effects(ctx, key_name, wall, &list, &marks);
     Ok(RedisValue::Integer(1))
 }
 

@@ -12,6 +12,11 @@
 //! - `FORGET id`
 //! - `FORCED amount overrun` · `FORCEDID amount overrun id`: a charge made with FORCE
 //! - `USAGE stream max_len` · `NOUSAGE`: the usage log (QUOTA.SET ... STREAM)
+//! - `LOGGED ms seq len`, right after an effect that added a usage entry (issue 21): the
+//!   entry's stream id `ms-seq` on the master and the stream's length after its trim. A
+//!   replica or AOF replay derives the same entry from the same effect and state and adds it
+//!   with that id, then trims to exactly `len` ([`Logged`]). Lines without it (and the
+//!   `XADD` that followed them, written before) load as before.
 //!
 //! `ONEXPIRE` and `UNIT` are no effect names, so an optional tail is never mistaken for the
 //! next effect.
@@ -43,6 +48,8 @@ pub trait TokenSink {
     fn word(&mut self, w: &'static str) {
         self.bytes(w.as_bytes());
     }
+    /// An unsigned integer token (a stream id's part).
+    fn uint(&mut self, n: u64);
     /// `-` for none.
     fn opt(&mut self, n: Option<i64>) {
         match n {
@@ -59,6 +66,44 @@ impl TokenSink for Vec<Vec<u8>> {
     }
     fn int(&mut self, n: i64) {
         self.push(itoa::Buffer::new().format(n).as_bytes().to_vec());
+    }
+    fn uint(&mut self, n: u64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes().to_vec());
+    }
+}
+
+/// The usage entry a master added for the effect at index `after` of a line (the one just
+/// before the `LOGGED` token): its stream id `ms-seq`, and the stream's length `len` once
+/// trimmed after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logged {
+    /// Index of the effect (in the line's effects) whose entry this is.
+    pub after: usize,
+    /// The entry id's milliseconds part.
+    pub ms: u64,
+    /// The entry id's sequence part.
+    pub seq: u64,
+    /// The stream's length after the entry and its trim (at least 1).
+    pub len: i64,
+}
+
+/// Writes a `LOGGED ms seq len` token group (after the tokens of the effect it belongs to).
+pub fn write_logged(l: &Logged, out: &mut impl TokenSink) {
+    out.word("LOGGED");
+    out.uint(l.ms);
+    out.uint(l.seq);
+    out.int(l.len);
+}
+
+/// Writes effects, each followed by the `LOGGED` token of its entry if `logged` has one
+/// (`logged` in effect order, as [`decode_logged`] gives it back).
+pub fn write_all(list: &[Effect], logged: &[Logged], out: &mut impl TokenSink) {
+    let mut marks = logged.iter().peekable();
+    for (i, e) in list.iter().enumerate() {
+        write(e, out);
+        while let Some(l) = marks.next_if(|l| l.after == i) {
+            write_logged(l, out);
+        }
     }
 }
 
@@ -228,6 +273,11 @@ impl TokenSink for Packed {
         self.sep();
         self.buf.extend_from_slice(w.as_bytes());
     }
+    fn uint(&mut self, n: u64) {
+        self.sep();
+        self.buf
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    }
 }
 
 /// Splits a [`Packed`] string back into its tokens. Errors on an empty token, a doubled or
@@ -289,19 +339,77 @@ fn effect_id(token: &[u8]) -> Result<Id, RedisError> {
     Ok(token.into())
 }
 
-/// Parses effects from tokens (everything after `at_ms`).
+/// Parses effects from tokens (everything after `at_ms`), refusing `LOGGED` (see
+/// [`decode_logged`] for a replicated line).
 pub fn decode<'a, I>(tokens: I) -> Result<Vec<Effect>, RedisError>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    let (effects, logged) = decode_logged(tokens)?;
+    if logged.is_empty() {
+        Ok(effects)
+    } else {
+        Err(RedisError::Str(
+            "ERR QUOTA.APPLY: LOGGED is not allowed here",
+        ))
+    }
+}
+
+/// A stream id part: decimal digits only, no leading zero.
+fn parse_u64(token: &[u8]) -> Result<u64, RedisError> {
+    let bad = || RedisError::Str("ERR QUOTA.APPLY: bad LOGGED stream id");
+    if token.is_empty()
+        || !token.iter().all(u8::is_ascii_digit)
+        || (token.len() > 1 && token.first() == Some(&b'0'))
+    {
+        return Err(bad());
+    }
+    std::str::from_utf8(token)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(bad)
+}
+
+/// Parses a replicated line's effects and the `LOGGED` tokens among them (everything after
+/// `at_ms`). A `LOGGED` must follow an effect that can log (a settle, a charge, ...), at most
+/// one per effect, with an id above `0-0` and a length of at least 1: anything else is
+/// refused here, before anything is applied.
+pub fn decode_logged<'a, I>(tokens: I) -> Result<(Vec<Effect>, Vec<Logged>), RedisError>
 where
     I: IntoIterator<Item = &'a [u8]>,
 {
     let mut it = tokens.into_iter().peekable();
     let mut effects = Vec::new();
+    let mut logged: Vec<Logged> = Vec::new();
     let missing = || RedisError::Str("ERR QUOTA.APPLY: an effect is missing an argument");
     let next = |it: &mut std::iter::Peekable<I::IntoIter>| it.next().ok_or_else(missing);
     let on_expire = |token: &[u8]| {
         OnExpire::parse(token).ok_or(RedisError::Str("ERR QUOTA.APPLY: bad ONEXPIRE policy"))
     };
     while let Some(op) = it.next() {
+        if op == b"LOGGED" {
+            let after = effects
+                .len()
+                .checked_sub(1)
+                .filter(|&i| logged.last().is_none_or(|l| l.after != i))
+                .filter(|&i| effects.get(i).is_some_and(crate::shell::usage::logs))
+                .ok_or(RedisError::Str(
+                    "ERR QUOTA.APPLY: LOGGED must follow an effect that logs, once",
+                ))?;
+            let ms = parse_u64(next(&mut it)?)?;
+            let seq = parse_u64(next(&mut it)?)?;
+            let len = parse_i64(next(&mut it)?)?;
+            if (ms, seq) == (0, 0) || len < 1 {
+                return Err(RedisError::Str("ERR QUOTA.APPLY: bad LOGGED id or length"));
+            }
+            logged.push(Logged {
+                after,
+                ms,
+                seq,
+                len,
+            });
+            continue;
+        }
         let effect = match op {
             b"CONFIG" => {
                 let limit = parse_i64(next(&mut it)?)?;
@@ -406,7 +514,7 @@ where
         };
         effects.push(effect);
     }
-    Ok(effects)
+    Ok((effects, logged))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //!
 //! `<packed>` is one [`Packed`] string holding, for each key in order, a kind and that key's
 //! own packed line as one byte-string token: `B <len>:<at_ms EFFECT ...>` (a budget, the
-//! argument of `QUOTA.APPLY`) or `W <len>:<at_ms EFFECT ...>` (a configured window key, the
+//! argument of `QUOTA.APPLY`, with its `LOGGED` usage entries) or `W <len>:<at_ms EFFECT ...>` (a configured window key, the
 //! effect form of `QUOTA.WAPPLY`). Only keys with effects are listed. Each key's line is
 //! applied by the same functions as those commands', in key order, stopping at the first that
 //! does not apply (as a single `QUOTA.APPLY` stops at its first effect that does not).
@@ -68,16 +68,21 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Adds a budget's applied effects at `at_ms` (none: nothing added).
-    pub fn budget(&mut self, key: &'a RedisString, at_ms: i64, list: &[Effect]) {
+    /// Adds a budget's applied effects at `at_ms`, with the usage entries added for them
+    /// (`logged`), (no effects: nothing added).
+    pub fn budget(
+        &mut self,
+        key: &'a RedisString,
+        at_ms: i64,
+        list: &[Effect],
+        logged: &[effects::Logged],
+    ) {
         if list.is_empty() {
             return;
         }
         self.inner.clear();
         self.inner.int(at_ms);
-        for e in list {
-            effects::write(e, &mut self.inner);
-        }
+        effects::write_all(list, logged, &mut self.inner);
         self.push(key, "B");
     }
 
@@ -116,7 +121,7 @@ impl<'a> Batch<'a> {
 
 /// One key's decoded line.
 enum Line {
-    Budget(i64, Vec<Effect>),
+    Budget(i64, Vec<Effect>, Vec<effects::Logged>),
     Window(i64, Vec<WindowEffect>),
 }
 
@@ -133,7 +138,10 @@ fn decode_line(kind: &[u8], packed: &[u8]) -> Result<Line, RedisError> {
         return Err(bad("a key without effects"));
     }
     match kind {
-        b"B" => Ok(Line::Budget(at_ms, effects::decode(rest.iter().copied())?)),
+        b"B" => {
+            let (list, logged) = effects::decode_logged(rest.iter().copied())?;
+            Ok(Line::Budget(at_ms, list, logged))
+        }
         b"W" => {
             if !(0..=MAX_AT_MS).contains(&at_ms) {
                 return Err(bad("bad at_ms"));
@@ -188,10 +196,12 @@ pub fn quota_mapply(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut error = None;
     for (key_name, line) in keys.into_iter().zip(&lines) {
         let (applied, err) = match line {
-            Line::Budget(at, list) => match apply_budget_at_key(ctx, key_name, *at, list) {
-                Ok(r) => (r.applied, r.error),
-                Err(e) => (0, Some(e)),
-            },
+            Line::Budget(at, list, logged) => {
+                match apply_budget_at_key(ctx, key_name, *at, list, logged) {
+                    Ok(r) => (r.applied, r.error),
+                    Err(e) => (0, Some(e)),
+                }
+            }
             Line::Window(at, list) => match ModuleKey::open_writable(ctx, key_name) {
                 Ok(mut key) => window_effects::apply_at_key(ctx, &mut key, key_name, *at, list),
                 Err(e) => (0, Some(e)),
@@ -230,7 +240,7 @@ mod tests {
         );
         assert!(matches!(
             decode_line(b"B", inner.as_bytes()),
-            Ok(Line::Budget(5, ref l)) if l.len() == 1
+            Ok(Line::Budget(5, ref l, _)) if l.len() == 1
         ));
         let mut w = Packed::with_capacity(64);
         w.int(5);

@@ -286,9 +286,7 @@ fn apply_all<'a>(
     let mut failed = None;
     let mut values = Values::with_capacity(opened.len());
     let mut batch = Batch::with_keys(opened.len());
-    // Usage entries per budget (key index, time, entries), written after the replication.
-    let mut logs = Vec::new();
-    for (i, (o, p)) in opened.iter_mut().zip(planned).enumerate() {
+    for (o, p) in opened.iter_mut().zip(planned) {
         if failed.is_some() {
             o.key.unchanged();
             continue;
@@ -306,10 +304,9 @@ fn apply_all<'a>(
                     let (result, view) = apply_counted_logged(ctx, name, b, *now, effects, logging);
                     let applied = effects.get(..result.applied).unwrap_or(&[]);
                     count_releases(applied);
-                    batch.budget(name, *now, applied);
-                    if !log.is_empty() {
-                        logs.push((i, *now, log));
-                    }
+                    // The entries are added before the batch is replicated: their ids go in it.
+                    let marks = write_usage(ctx, name, b, *now, &log, None);
+                    batch.budget(name, *now, applied, &marks);
                     // The budget's time is `now` after the apply (`Budget::now(wall)`).
                     let available = match view {
                         Some(v) => v.available,
@@ -333,15 +330,6 @@ fn apply_all<'a>(
         }
     }
     batch.replicate(ctx);
-    // After the effects, as for a single key (both go in the same MULTI/EXEC to replicas and
-    // the AOF).
-    for (i, at, log) in logs {
-        if let Some(o) = opened.get(i) {
-            if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
-                write_usage(ctx, o.name, b, at, &log);
-            }
-        }
-    }
     match failed {
         Some(e) => Err(e),
         None => Ok(values),

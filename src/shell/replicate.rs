@@ -18,14 +18,22 @@ use crate::shell::effects::{self, Packed, TokenSink};
 /// Name of the internal command carrying ledger effects.
 pub const APPLY: &CStr = c"QUOTA.APPLY";
 
-/// Replicates `effects` for `key` at `at_ms`. Logs (never panics) if Redis refuses, which would
+/// Replicates `effects` for `key` at `at_ms`, with the usage entries the master added for
+/// them (`logged`, see [`effects::Logged`]). Logs (never panics) if Redis refuses, which would
 /// mean a misspelt command name: replicas would silently miss the write.
-pub fn replicate_effects(ctx: &Context, key: &RedisString, at_ms: i64, list: &[Effect]) {
+pub fn replicate_effects(
+    ctx: &Context,
+    key: &RedisString,
+    at_ms: i64,
+    list: &[Effect],
+    logged: &[effects::Logged],
+) {
     if list.is_empty() {
         return;
     }
     with_buffer(|packed| {
-        pack_effects_into(at_ms, list, packed);
+        packed.int(at_ms);
+        effects::write_all(list, logged, packed);
         replicate_packed(ctx, APPLY, key, packed);
     });
 }
@@ -33,15 +41,9 @@ pub fn replicate_effects(ctx: &Context, key: &RedisString, at_ms: i64, list: &[E
 /// The packed argument of `QUOTA.APPLY`: `at_ms`, then each effect's tokens.
 pub fn pack_effects(at_ms: i64, list: &[Effect]) -> Packed {
     let mut packed = Packed::with_capacity(64);
-    pack_effects_into(at_ms, list, &mut packed);
-    packed
-}
-
-fn pack_effects_into(at_ms: i64, list: &[Effect], packed: &mut Packed) {
     packed.int(at_ms);
-    for e in list {
-        effects::write(e, packed);
-    }
+    effects::write_all(list, &[], &mut packed);
+    packed
 }
 
 /// Replicates `command key <ints packed>`.

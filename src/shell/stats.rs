@@ -50,7 +50,7 @@ counters! {
     SWEEP_MAX_LAG_MS => "sweeper_max_lag_ms": "Largest lag ever seen, ms.",
     SWEEP_INDEXED_KEYS => "sweeper_indexed_keys": "Keys in the sweeper's deadline index.",
     USAGE_ENTRIES => "usage_entries": "Usage stream entries added (QUOTA.SET ... STREAM) on this server as master.",
-    USAGE_ERRORS => "usage_stream_errors": "Usage stream entries that could not be added (XADD failed; see the log).",
+    USAGE_ERRORS => "usage_stream_errors": "Usage stream entries that could not be added (see the log).",
 }
 
 /// Adds one to a counter.

@@ -21,12 +21,14 @@
 //!
 //! The entry is added on the master through the stream module API (`RedisModule_StreamAdd`
 //! with an id the server picks, then `RedisModule_StreamTrimByLength`, approximate), with the
-//! keyspace events an XADD fires, and replicated as what Redis propagates for an `XADD stream
-//! MAXLEN ~ n * ...`: `XADD stream MAXLEN = <length after the trim> <id> field value ...`,
-//! after the command's `QUOTA.APPLY` in the same MULTI/EXEC. No command is run (issue 21's
-//! cost goal: a nested XADD was ~45 % of a RESERVE+SETTLE cycle). Where the server lacks that
-//! API the XADD runs through `RedisModule_Call` with `!`, which propagates the same. Replicas
-//! and AOF replays never log themselves: they apply the master's XADD.
+//! keyspace events an XADD fires. No command is run and no XADD replicated (issue 21's cost
+//! goal): the entry's id and the stream's length after the trim go in the command's own
+//! `QUOTA.APPLY` / `QUOTA.MAPPLY` line as `LOGGED ms seq len` after the effect that logged it
+//! ([`crate::shell::effects::Logged`]), and replicas and AOF replays derive the same entry from
+//! the same effect ([`rebuild`]), add it with the master's id and trim to exactly the master's
+//! length: they never pick an id or read a clock. Lines of earlier builds carry no `LOGGED`
+//! and were followed by the XADD they replicated, which loads as it is. Where the server lacks
+//! the stream API the XADD runs through `RedisModule_Call` with `!`, which replicates it.
 
 use std::os::raw::{c_char, c_int, c_longlong};
 
@@ -35,6 +37,7 @@ use redis_module::{raw, Context, KeyType, RedisError, RedisString};
 use crate::core::book::{Entry as BookEntry, Id, Outcome};
 use crate::core::ledger::{Budget, Effect, UsageLog};
 use crate::shell::apply::Applied;
+use crate::shell::effects::Logged;
 use crate::shell::reply::error_reply;
 use crate::shell::stats;
 
@@ -53,14 +56,40 @@ pub struct UsageEntry {
     pub used: i64,
     /// Start of the period the entry counts in (unix ms); -1 without a period.
     pub period_start: i64,
+    /// Index, in the effects applied, of the effect that logged it.
+    pub effect: usize,
 }
 
-/// Could applying `effects` to `budget` log anything? (It has a log, or the effects turn one on.)
+/// The `LOGGED` marks of one write's entries (rarely more than one).
+pub type Marks = smallvec::SmallVec<[Logged; 2]>;
+
+/// Could applying `effects` to `budget` log anything? Only if the budget has a log (or the
+/// effects turn one on) and some effect [`logs`]: a RESERVE's grant or an EXTEND skips the
+/// stream altogether (no key check, no entry vector), as it adds no entry.
 pub fn may_log(budget: &Budget, effects: &[Effect]) -> bool {
-    budget.usage().is_some()
+    (budget.usage().is_some()
         || effects
             .iter()
-            .any(|e| matches!(e, Effect::Usage { log: Some(_) }))
+            .any(|e| matches!(e, Effect::Usage { log: Some(_) })))
+        && effects.iter().any(logs)
+}
+
+/// Can this effect add a usage entry? Exactly the effects [`entry_of`] may log for (a
+/// `Configure` only when `used` changes, known once applied: counted as logging).
+pub fn logs(e: &Effect) -> bool {
+    match e {
+        Effect::Settle { .. }
+        | Effect::SettleLate { .. }
+        | Effect::Rollback { .. }
+        | Effect::Release { .. }
+        | Effect::Charge { .. }
+        | Effect::Reset { .. }
+        | Effect::Configure { .. } => true,
+        Effect::Grant { .. }
+        | Effect::Extend { .. }
+        | Effect::Forget { .. }
+        | Effect::Usage { .. } => false,
+    }
 }
 
 /// The amount a reservation held, before an effect on it is applied (-1: no id, or unknown).
@@ -95,6 +124,10 @@ fn entry_of(
     bounds_before: Option<(i64, i64)>,
     after: &Budget,
 ) -> Option<UsageEntry> {
+    // Consistent with `may_log` by construction: nothing logs that it skips.
+    if !logs(e) {
+        return None;
+    }
     let used = after.stored_used();
     let period_start = start_of(after.stored_bounds());
     let entry = |event, id: &Id, held, charged| UsageEntry {
@@ -104,6 +137,7 @@ fn entry_of(
         charged,
         used,
         period_start,
+        effect: 0,
     };
     let none = Id::from_slice(b"");
     // What the effect added to `used` (the actual of a settle, a charge's amount, 0 for a
@@ -127,6 +161,7 @@ fn entry_of(
             charged: 0,
             used: used_before,
             period_start: start_of(bounds_before),
+            effect: 0,
         },
         Effect::Configure { .. } => {
             // A new period (the rule changed, or the budget is new) starts from 0 in the log:
@@ -170,7 +205,9 @@ pub fn apply_logged(
             };
         }
         if let (Some(log), Some((held, used, bounds))) = (log.as_deref_mut(), before) {
-            log.extend(entry_of(e, held, used, bounds, budget));
+            log.extend(
+                entry_of(e, held, used, bounds, budget).map(|en| UsageEntry { effect: i, ..en }),
+            );
         }
     }
     Applied {
@@ -182,18 +219,22 @@ pub fn apply_logged(
 /// Refuses (before anything is applied) a write whose usage entries could not be added: the
 /// stream key holds another type. The ledger and its log must not diverge.
 pub fn check_stream(ctx: &Context, budget: &Budget, effects: &[Effect]) -> Result<(), RedisError> {
-    let stream = effects
+    match stream_of(budget, effects) {
+        Some(log) => check_stream_key(ctx, &log.stream),
+        None => Ok(()),
+    }
+}
+
+/// The usage log a budget has once `effects` are applied.
+fn stream_of<'a>(budget: &'a Budget, effects: &'a [Effect]) -> Option<&'a UsageLog> {
+    effects
         .iter()
         .rev()
         .find_map(|e| match e {
             Effect::Usage { log } => Some(log.as_ref()),
             _ => None,
         })
-        .unwrap_or(budget.usage());
-    match stream {
-        Some(log) => check_stream_key(ctx, &log.stream),
-        None => Ok(()),
-    }
+        .unwrap_or(budget.usage())
 }
 
 /// `NOPERM` unless the calling user's ACL key patterns allow writing `stream` (QUOTA.SET ...
@@ -240,9 +281,7 @@ pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> 
     let name = RedisString::create_from_slice(ctx.ctx, stream);
     match ctx.open_key(&name).key_type() {
         KeyType::Empty | KeyType::Stream => Ok(()),
-        _ => Err(RedisError::Str(
-            "WRONGTYPE the usage stream key holds a value that is not a stream",
-        )),
+        _ => Err(wrong_stream_type()),
     }
 }
 
@@ -251,8 +290,12 @@ pub fn check_stream_key(ctx: &Context, stream: &[u8]) -> Result<(), RedisError> 
 struct Words {
     maxlen: *mut raw::RedisModuleString,
     approx: *mut raw::RedisModuleString,
-    exact: *mut raw::RedisModuleString,
     auto_id: *mut raw::RedisModuleString,
+    /// The values most entries share: -1 (no period, no reservation), 0 (a rollback's or an
+    /// expiry's charge), "" (no id): no string made and freed per entry for them.
+    minus_one: *mut raw::RedisModuleString,
+    zero: *mut raw::RedisModuleString,
+    empty: *mut raw::RedisModuleString,
     /// key, event, id, held, charged, used, period_start, at.
     fields: [*mut raw::RedisModuleString; 8],
 }
@@ -302,11 +345,13 @@ fn words() -> Option<(Words, [*mut raw::RedisModuleString; 8])> {
     let w = Words {
         maxlen: string(b"MAXLEN"),
         approx: string(b"~"),
-        exact: string(b"="),
         auto_id: string(b"*"),
+        minus_one: string(b"-1"),
+        zero: string(b"0"),
+        empty: string(b""),
         fields,
     };
-    let all_made = [w.maxlen, w.approx, w.exact, w.auto_id]
+    let all_made = [w.maxlen, w.approx, w.auto_id, w.minus_one, w.zero, w.empty]
         .iter()
         .chain(fields.iter())
         .chain(events.iter())
@@ -327,60 +372,231 @@ pub const FIELDS: [&str; 8] = [
 ];
 
 /// Adds `entries` of budget `key` at master time `at` to the budget's usage stream, one entry
-/// each (see the module docs for how, and what is replicated). A failed add (never expected:
-/// the type was checked) is logged and counted (`INFO quota`
-/// `usage_stream_errors`), never a crash.
-pub fn write(ctx: &Context, key: &RedisString, log: &UsageLog, at: i64, entries: &[UsageEntry]) {
+/// each (see the module docs for how), and returns the `LOGGED` marks to replicate with the
+/// effects (the id given to each entry, the length after its trim). A failed add (never
+/// expected: the type was checked) is logged and counted (`INFO quota`
+/// `usage_stream_errors`), never a crash, and has no mark.
+pub fn write(
+    ctx: &Context,
+    key: &RedisString,
+    log: &UsageLog,
+    at: i64,
+    entries: &[UsageEntry],
+    held: Option<HeldStream>,
+) -> Marks {
+    let mut marks = Marks::new();
     if entries.is_empty() {
+        return marks;
+    }
+    let failed = WORDS
+        .try_with(|cell| match cell.get_or_init(words) {
+            Some((w, events)) => xadd_all(
+                ctx, key, log, at, entries, None, held, w, events, &mut marks,
+            ),
+            None => entries.len(),
+        })
+        .unwrap_or(entries.len());
+    count(ctx, entries.len(), failed);
+    marks
+}
+
+/// A budget's usage stream key, checked by [`hold_stream`] and left open for the entries of
+/// the same write (one open of the key instead of two). Closed when dropped unused.
+pub struct HeldStream {
+    parts: Option<(*mut raw::RedisModuleString, OpenStream)>,
+}
+
+impl HeldStream {
+    /// The key name and handle, if this is the key of `stream` (otherwise closed).
+    fn take(mut self, stream: &[u8]) -> Option<(*mut raw::RedisModuleString, OpenStream)> {
+        let (name, _) = self.parts.as_ref()?;
+        // SAFETY: a live string made by [`string`].
+        let same = unsafe {
+            raw::RedisModule_StringPtrLen.is_some_and(|f| {
+                let mut len: usize = 0;
+                let ptr = f(*name, &mut len);
+                !ptr.is_null() && std::slice::from_raw_parts(ptr.cast::<u8>(), len) == stream
+            })
+        };
+        if same {
+            self.parts.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for HeldStream {
+    fn drop(&mut self) {
+        if let Some((name, open)) = self.parts.take() {
+            // SAFETY: the handle opened by `hold_stream`, closed once here; nothing was added.
+            unsafe { (open.api.close)(open.key) };
+            free_string(name);
+        }
+    }
+}
+
+/// [`check_stream`] for a write on one budget: refuses (WRONGTYPE, before anything is
+/// applied) a stream key of another type, and returns it open for the write's entries (None:
+/// no stream, or the server lacks the stream API; then checked as [`check_stream`] does).
+/// Only where no other handle on the stream key can be open (one budget per command: two
+/// handles on one key can crash Redis).
+pub fn hold_stream(
+    ctx: &Context,
+    budget: &Budget,
+    effects: &[Effect],
+) -> Result<Option<HeldStream>, RedisError> {
+    let Some(log) = stream_of(budget, effects) else {
+        return Ok(None);
+    };
+    let Some(api) = StreamApi::get() else {
+        return check_stream_key(ctx, &log.stream).map(|()| None);
+    };
+    let name = string(&log.stream);
+    let Some(open) = (!name.is_null()).then(|| api.open(ctx, name)).flatten() else {
+        free_string(name);
+        return check_stream_key(ctx, &log.stream).map(|()| None);
+    };
+    let held = HeldStream {
+        parts: Some((name, open)),
+    };
+    let kind = held
+        .parts
+        .as_ref()
+        // SAFETY: the handle just opened.
+        .map(|(_, o)| unsafe { (api.key_type)(o.key) });
+    if kind == Some(raw::REDISMODULE_KEYTYPE_EMPTY as c_int)
+        || kind == Some(raw::REDISMODULE_KEYTYPE_STREAM as c_int)
+    {
+        Ok(Some(held))
+    } else {
+        Err(wrong_stream_type())
+    }
+}
+
+fn wrong_stream_type() -> RedisError {
+    RedisError::Str("WRONGTYPE the usage stream key holds a value that is not a stream")
+}
+
+/// Replica and AOF replay: adds the entries the master added (`marks`, from a replicated
+/// line) with the master's ids, each followed by a trim to exactly the master's length.
+/// `entries` are the ones derived from the same effects on the same state. An entry the marks
+/// name but the effects did not derive, or an add Redis refuses (a stream whose last id is not
+/// below the master's: never with identical state), is logged and counted, never a crash.
+pub fn rebuild(
+    ctx: &Context,
+    key: &RedisString,
+    log: &UsageLog,
+    at: i64,
+    entries: &[UsageEntry],
+    marks: &[Logged],
+) {
+    if marks.is_empty() {
         return;
     }
     let failed = WORDS
         .try_with(|cell| match cell.get_or_init(words) {
-            Some((w, events)) => xadd_all(ctx, key, log, at, entries, w, events),
-            None => entries.len(),
+            Some((w, events)) => xadd_all(
+                ctx,
+                key,
+                log,
+                at,
+                entries,
+                Some(marks),
+                None,
+                w,
+                events,
+                &mut Marks::new(),
+            ),
+            None => marks.len(),
         })
-        .unwrap_or(entries.len());
+        .unwrap_or(marks.len());
+    count(ctx, marks.len(), failed);
+}
+
+/// Counts `n` entries of which `failed` failed (INFO), warning once per write if any did.
+fn count(ctx: &Context, n: usize, failed: usize) {
     stats::add(
         &stats::USAGE_ENTRIES,
-        i64::try_from(entries.len().saturating_sub(failed)).unwrap_or(0),
+        i64::try_from(n.saturating_sub(failed)).unwrap_or(0),
     );
     if failed > 0 {
         stats::add(&stats::USAGE_ERRORS, i64::try_from(failed).unwrap_or(0));
-        ctx.log_warning("quota: a usage stream entry could not be added (XADD failed)");
+        ctx.log_warning("quota: a usage stream entry could not be added");
     }
 }
 
-/// The entries of [`write`], added one by one; returns how many failed.
+/// The entries of [`write`] (`given` None: ids picked here, marks pushed to `marks`) or of
+/// [`rebuild`] (`given`: the master's ids and lengths), added one by one; returns how many
+/// failed.
+#[allow(clippy::too_many_arguments)]
 fn xadd_all(
     ctx: &Context,
     key: &RedisString,
     log: &UsageLog,
     at: i64,
     entries: &[UsageEntry],
+    given: Option<&[Logged]>,
+    held: Option<HeldStream>,
     w: &Words,
     events: &[*mut raw::RedisModuleString; 8],
+    marks: &mut Marks,
 ) -> usize {
-    if !xadd_known(ctx) {
-        return entries.len();
+    // The rows to add: every entry (master), or the ones the master's marks name, in order.
+    let mut rows: smallvec::SmallVec<[(&UsageEntry, Option<&Logged>); 2]> =
+        smallvec::SmallVec::new();
+    let mut missing: usize = 0;
+    match given {
+        None => rows.extend(entries.iter().map(|e| (e, None))),
+        Some(given) => {
+            for m in given {
+                match entries.iter().find(|e| e.effect == m.after) {
+                    Some(e) => rows.push((e, Some(m))),
+                    None => missing = missing.saturating_add(1),
+                }
+            }
+        }
     }
-    // Made once per write, shared by its entries.
-    let (stream, at_s) = (string(&log.stream), int_string(at));
+    // Made once per write, shared by its entries; the stream key as the check left it open.
+    let (stream, held) = match held.and_then(|h| h.take(&log.stream)) {
+        Some((stream, open)) => (stream, Some(open)),
+        None => (string(&log.stream), None),
+    };
+    let at_s = int_string(at);
     let failed = if stream.is_null() || at_s.is_null() {
-        entries.len()
+        if let Some(open) = held {
+            open.close(ctx, stream, false);
+        }
+        rows.len()
     } else if let Some(api) = StreamApi::get() {
-        match api.open(ctx, stream) {
+        match held.or_else(|| api.open(ctx, stream)) {
             Some(open) => {
-                let failed = each_row(key, at_s, entries, w, events, |row| {
-                    open.add(ctx, stream, log.max_len, row, w)
+                let failed = each_row(key, at_s, &rows, w, events, |(e, m), row| {
+                    match open.add(ctx, stream, log.max_len, row, m.copied()) {
+                        Some(mark) => {
+                            if m.is_none() {
+                                marks.push(Logged {
+                                    after: e.effect,
+                                    ..mark
+                                });
+                            }
+                            true
+                        }
+                        None => false,
+                    }
                 });
-                open.close(ctx, stream, failed < entries.len());
+                open.close(ctx, stream, failed < rows.len());
                 failed
             }
-            None => entries.len(),
+            None => rows.len(),
         }
+    } else if given.is_some() || !xadd_known(ctx) {
+        // Without the stream API a replica has no way to add an entry with a given id
+        // (the master, lacking it too, never sends marks).
+        rows.len()
     } else {
         let max_len = int_string(log.max_len);
-        let failed = each_row(key, at_s, entries, w, events, |row| {
+        let failed = each_row(key, at_s, &rows, w, events, |_, row| {
             call_xadd_row(ctx, stream, log.max_len, max_len, row, w)
         });
         free_string(max_len);
@@ -388,7 +604,7 @@ fn xadd_all(
     };
     free_string(stream);
     free_string(at_s);
-    failed
+    failed.saturating_add(missing)
 }
 
 std::thread_local! {
@@ -396,10 +612,9 @@ std::thread_local! {
     static XADD_KNOWN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Is `XADD` a command of this server? The entries are replicated as XADDs: with XADD renamed
-/// away (`rename-command XADD ...`) `RedisModule_Replicate` would refuse them and replicas would
-/// miss entries the master has, so none are added (each counted as a failed entry, as the
-/// nested XADD failed before). Asked once (rename-command is fixed at startup):
+/// Is `XADD` a command of this server? Only asked on the fallback path (no stream API), which
+/// runs XADD: with XADD renamed away (`rename-command XADD ...`) no entry is added there (each
+/// counted as a failed entry). Asked once (rename-command is fixed at startup):
 /// `RedisModule_Call` of XADD without arguments runs nothing, failing with `ENOENT` for an
 /// unknown command and `EINVAL` (arity) for a known one.
 fn xadd_known(ctx: &Context) -> bool {
@@ -441,16 +656,20 @@ fn free_string(s: *mut raw::RedisModuleString) {
 /// Calls `add` with each entry's 16 field and value strings (on the stack: no allocation but
 /// the values' strings), freeing the values after; returns how many entries failed (a string
 /// that could not be made, or `add` returning false).
-fn each_row(
+fn each_row<'e>(
     key: &RedisString,
     at_s: *mut raw::RedisModuleString,
-    entries: &[UsageEntry],
+    rows: &[(&'e UsageEntry, Option<&'e Logged>)],
     w: &Words,
     events: &[*mut raw::RedisModuleString; 8],
-    mut add: impl FnMut(&mut [*mut raw::RedisModuleString; 16]) -> bool,
+    mut add: impl FnMut(
+        &(&'e UsageEntry, Option<&'e Logged>),
+        &mut [*mut raw::RedisModuleString; 16],
+    ) -> bool,
 ) -> usize {
     let mut failed: usize = 0;
-    for e in entries {
+    for r in rows {
+        let e = r.0;
         let known = EVENTS
             .iter()
             .position(|n| *n == e.event)
@@ -459,28 +678,46 @@ fn each_row(
             Some(_) => std::ptr::null_mut(),
             None => string(e.event.as_bytes()),
         };
+        // Strings made for this entry (null where a shared one is used), freed after.
+        let num = |n: i64| match n {
+            -1 | 0 => std::ptr::null_mut(),
+            n => int_string(n),
+        };
         let per_entry = [
-            string(&e.id),
-            int_string(e.held),
-            int_string(e.charged),
-            int_string(e.used),
-            int_string(e.period_start),
+            if e.id.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                string(&e.id)
+            },
+            num(e.held),
+            num(e.charged),
+            num(e.used),
+            num(e.period_start),
         ];
+        let shared = |made: *mut raw::RedisModuleString, n: i64| match n {
+            -1 => w.minus_one,
+            0 => w.zero,
+            _ => made,
+        };
         let values = [
             key.inner,
             known.unwrap_or(made_event),
-            per_entry[0],
-            per_entry[1],
-            per_entry[2],
-            per_entry[3],
-            per_entry[4],
+            if e.id.is_empty() {
+                w.empty
+            } else {
+                per_entry[0]
+            },
+            shared(per_entry[1], e.held),
+            shared(per_entry[2], e.charged),
+            shared(per_entry[3], e.used),
+            shared(per_entry[4], e.period_start),
             at_s,
         ];
         let mut row = [std::ptr::null_mut(); 16];
         for (pair, (f, v)) in row.chunks_exact_mut(2).zip(w.fields.iter().zip(values)) {
             pair.copy_from_slice(&[*f, v]);
         }
-        if row.iter().any(|p| p.is_null()) || !add(&mut row) {
+        if row.iter().any(|p| p.is_null()) || !add(r, &mut row) {
             failed = failed.saturating_add(1);
         }
         // Redis took its own references (the stream copies, replication and calls retain).
@@ -493,6 +730,7 @@ fn each_row(
 }
 
 /// The stream module API (Redis ≥ 6.2, Valkey), when the server exports every function used.
+#[derive(Clone, Copy)]
 struct StreamApi {
     open: unsafe extern "C" fn(
         *mut raw::RedisModuleCtx,
@@ -519,13 +757,11 @@ struct StreamApi {
         *const c_char,
         *mut raw::RedisModuleString,
     ) -> c_int,
-    replicate:
-        unsafe extern "C" fn(*mut raw::RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
 }
 
 /// A stream key open for writing through [`StreamApi`]; [`OpenStream::close`] closes it.
-struct OpenStream<'a> {
-    api: &'a StreamApi,
+struct OpenStream {
+    api: StreamApi,
     key: *mut raw::RedisModuleKey,
     was_empty: bool,
 }
@@ -545,13 +781,12 @@ impl StreamApi {
                 add: raw::RedisModule_StreamAdd?,
                 trim: raw::RedisModule_StreamTrimByLength?,
                 notify: raw::RedisModule_NotifyKeyspaceEvent?,
-                replicate: raw::RedisModule_Replicate?,
             })
         }
     }
 
     /// Opens `stream` for writing (None: Redis refused).
-    fn open(&self, ctx: &Context, stream: *mut raw::RedisModuleString) -> Option<OpenStream<'_>> {
+    fn open(&self, ctx: &Context, stream: *mut raw::RedisModuleString) -> Option<OpenStream> {
         // SAFETY: a live context and key string; the handle is closed once by `close`.
         let key = unsafe { (self.open)(ctx.ctx, stream, raw::REDISMODULE_WRITE as c_int) };
         if key.is_null() {
@@ -560,44 +795,49 @@ impl StreamApi {
         // SAFETY: the handle just opened.
         let was_empty = unsafe { (self.key_type)(key) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
         Some(OpenStream {
-            api: self,
+            api: *self,
             key,
             was_empty,
         })
     }
 }
 
-impl OpenStream<'_> {
-    /// Adds one entry (`row`: 8 field/value pairs) as `XADD stream MAXLEN ~ max_len * ...`
-    /// would (no trim when `max_len` is 0), without running a command:
-    /// `RedisModule_StreamAdd` with an id picked by the server, the approximate trim, the
-    /// keyspace events XADD fires (`xadd`, and `xtrim` if the trim removed entries), and the
-    /// replication of what Redis itself propagates for that XADD, `XADD stream MAXLEN =
-    /// <length after the trim> <id> field value ...` (`XADD stream <id> ...` without a trim),
-    /// after the command's `QUOTA.APPLY`. True if it was added and replicated.
+impl OpenStream {
+    /// Adds one entry (`row`: 8 field/value pairs) without running a command. On a master
+    /// (`given` None) as `XADD stream MAXLEN ~ max_len * ...` would (no trim when `max_len` is
+    /// 0): `RedisModule_StreamAdd` with an id the server picks, then the approximate trim; on
+    /// a replica (`given`: the master's mark) with the master's id, then a trim to exactly the
+    /// master's length. Fires the keyspace events XADD fires (`xadd`, and `xtrim` if the trim
+    /// removed entries). Nothing is replicated here: the returned mark (the id, the length
+    /// after the trim; `after` is the caller's) goes with the effects. None if Redis refused
+    /// the add.
     fn add(
         &self,
         ctx: &Context,
         stream: *mut raw::RedisModuleString,
         max_len: i64,
         row: &mut [*mut raw::RedisModuleString; 16],
-        w: &Words,
-    ) -> bool {
+        given: Option<Logged>,
+    ) -> Option<Logged> {
         let api = self.api;
-        let mut id = raw::RedisModuleStreamID { ms: 0, seq: 0 };
+        let (flags, mut id) = match given {
+            Some(m) => (
+                0,
+                raw::RedisModuleStreamID {
+                    ms: m.ms,
+                    seq: m.seq,
+                },
+            ),
+            None => (
+                raw::REDISMODULE_STREAM_ADD_AUTOID as c_int,
+                raw::RedisModuleStreamID { ms: 0, seq: 0 },
+            ),
+        };
         // SAFETY: a key open for writing; `row` holds 8 live field/value pairs, which Redis
         // copies into the stream.
-        let added = unsafe {
-            (api.add)(
-                self.key,
-                raw::REDISMODULE_STREAM_ADD_AUTOID as c_int,
-                &mut id,
-                row.as_mut_ptr(),
-                8,
-            )
-        };
+        let added = unsafe { (api.add)(self.key, flags, &mut id, row.as_mut_ptr(), 8) };
         if added != raw::REDISMODULE_OK as c_int {
-            return false;
+            return None;
         }
         // SAFETY: a live context, event name and key string.
         unsafe {
@@ -608,71 +848,44 @@ impl OpenStream<'_> {
                 stream,
             );
         }
-        let mut id_text = [0u8; 41];
-        let id_len = format_id(&id, &mut id_text);
-        let status = if max_len > 0 {
-            // SAFETY: a key open for writing that holds a stream (the add succeeded).
-            let mut length = unsafe { (api.length)(self.key) };
-            // A stream no longer than `max_len` is left as it is by the trim (Redis returns
-            // before changing anything): skip the call.
-            if u64::try_from(length).map_or(true, |n| n > max_len.unsigned_abs()) {
-                // SAFETY: as above.
-                let trimmed = unsafe {
-                    (api.trim)(
-                        self.key,
-                        raw::REDISMODULE_STREAM_TRIM_APPROX as c_int,
-                        c_longlong::from(max_len),
-                    )
-                };
-                if trimmed > 0 {
-                    // SAFETY: as for `xadd`.
-                    unsafe {
-                        (api.notify)(
-                            ctx.ctx,
-                            raw::REDISMODULE_NOTIFY_STREAM,
-                            c"xtrim".as_ptr(),
-                            stream,
-                        );
-                    }
-                }
-                // SAFETY: as above.
-                length = unsafe { (api.length)(self.key) };
-            }
-            let length = c_longlong::try_from(length).unwrap_or(c_longlong::MAX);
-            // SAFETY: a live context; "ssslbv" takes three RedisModuleString*, a long long,
-            // (const char*, size_t) and (RedisModuleString**, size_t); Redis copies the
-            // buffer and takes its own references to the strings.
-            unsafe {
-                (api.replicate)(
-                    ctx.ctx,
-                    c"XADD".as_ptr(),
-                    c"ssslbv".as_ptr(),
-                    stream,
-                    w.maxlen,
-                    w.exact,
-                    length,
-                    id_text.as_ptr().cast::<c_char>(),
-                    id_len,
-                    row.as_mut_ptr(),
-                    row.len(),
-                )
-            }
-        } else {
-            // SAFETY: as above, with "sbv".
-            unsafe {
-                (api.replicate)(
-                    ctx.ctx,
-                    c"XADD".as_ptr(),
-                    c"sbv".as_ptr(),
-                    stream,
-                    id_text.as_ptr().cast::<c_char>(),
-                    id_len,
-                    row.as_mut_ptr(),
-                    row.len(),
-                )
-            }
+        // What to trim to, if anything: approximately `max_len` (master), exactly the
+        // master's length (replica).
+        let (target, approx) = match given {
+            Some(m) => (m.len, false),
+            None => (max_len, true),
         };
-        status == raw::REDISMODULE_OK as c_int
+        // SAFETY: a key open for writing that holds a stream (the add succeeded).
+        let mut length = unsafe { (api.length)(self.key) };
+        // A stream no longer than the target is left as it is by the trim (Redis returns
+        // before changing anything): skip the call.
+        if target > 0 && u64::try_from(length).map_or(true, |n| n > target.unsigned_abs()) {
+            let mode = if approx {
+                raw::REDISMODULE_STREAM_TRIM_APPROX as c_int
+            } else {
+                0
+            };
+            // SAFETY: as above.
+            let trimmed = unsafe { (api.trim)(self.key, mode, c_longlong::from(target)) };
+            if trimmed > 0 {
+                // SAFETY: as for `xadd`.
+                unsafe {
+                    (api.notify)(
+                        ctx.ctx,
+                        raw::REDISMODULE_NOTIFY_STREAM,
+                        c"xtrim".as_ptr(),
+                        stream,
+                    );
+                }
+            }
+            // SAFETY: as above.
+            length = unsafe { (api.length)(self.key) };
+        }
+        Some(Logged {
+            after: 0,
+            ms: id.ms,
+            seq: id.seq,
+            len: i64::try_from(length).unwrap_or(i64::MAX),
+        })
     }
 
     /// Closes the key. `added`: entries were added, so the key is signalled as modified
@@ -696,24 +909,6 @@ impl OpenStream<'_> {
             (api.close)(self.key);
         }
     }
-}
-
-/// Writes `<ms>-<seq>` into `out`; returns its length (at most 41: two u64 and a dash).
-fn format_id(id: &raw::RedisModuleStreamID, out: &mut [u8; 41]) -> usize {
-    let mut b = itoa::Buffer::new();
-    let mut len: usize = 0;
-    for part in [
-        b.format(id.ms).as_bytes(),
-        b"-",
-        itoa::Buffer::new().format(id.seq).as_bytes(),
-    ] {
-        let end = len.saturating_add(part.len());
-        if let Some(dst) = out.get_mut(len..end) {
-            dst.copy_from_slice(part);
-            len = end;
-        }
-    }
-    len
 }
 
 /// The fallback where the server lacks the stream API: `XADD stream [MAXLEN ~ n] * ...` through
@@ -796,16 +991,6 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stream_ids_are_formatted_as_redis_does() {
-        let mut out = [0u8; 41];
-        let id = |ms, seq| raw::RedisModuleStreamID { ms, seq };
-        let n = format_id(&id(1_796_139_861_470, 0), &mut out);
-        assert_eq!(&out[..n], b"1796139861470-0");
-        let n = format_id(&id(u64::MAX, u64::MAX), &mut out);
-        assert_eq!(&out[..n], b"18446744073709551615-18446744073709551615");
-    }
 
     #[test]
     fn key_slots_match_redis_cluster() {
