@@ -2,13 +2,6 @@
 //! event that finishes a reservation or changes `used`, with exact fields; nothing for
 //! denials, duplicates, reads and errors; replicas, AOF replays and DEBUG RELOAD hold the same
 //! stream as the master; the cluster same-slot rule; trimming.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects,
-    clippy::panic
-)]
 
 mod common;
 use common::*;
