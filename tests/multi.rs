@@ -322,7 +322,7 @@ fn msettle_corrects_windows_and_settles_budgets() {
 }
 
 /// `[status, amount, value]` of each key of an MSETTLE / MROLLBACK reply.
-fn rows(v: &Value) -> Vec<(String, i64, i64)> {
+fn key_rows(v: &Value) -> Vec<(String, i64, i64)> {
     items(v)
         .iter()
         .map(|r| {
@@ -355,14 +355,14 @@ fn msettle_after_a_window_rollback_still_charges_the_budget_late() {
     rollback.extend(keys);
     rollback.push("e1");
     assert_eq!(
-        rows(&oka(&mut c, 2000, &rollback)),
+        key_rows(&oka(&mut c, 2000, &rollback)),
         [("expired".into(), 0, 100), ("rolledback".into(), 1, 10)]
     );
     let mut settle = vec!["QUOTA.MSETTLE", "2"];
     settle.extend(keys);
     settle.extend(["e1", "3", "1"]);
     assert_eq!(
-        rows(&oka(&mut c, 2100, &settle)),
+        key_rows(&oka(&mut c, 2100, &settle)),
         [("late".into(), 3, 97), ("skipped".into(), 1, 10)]
     );
     assert_eq!(info_at(&mut c, "{q}:b1", T0 + 2100)["used"], 3);
@@ -370,7 +370,7 @@ fn msettle_after_a_window_rollback_still_charges_the_budget_late() {
     // Retried: the budget's duplicate, the window skipped again; nothing changes.
     let before = digests(&mut c);
     assert_eq!(
-        rows(&oka(&mut c, 2200, &settle)),
+        key_rows(&oka(&mut c, 2200, &settle)),
         [("duplicate".into(), 3, 97), ("skipped".into(), 1, 10)]
     );
     assert_eq!(before, digests(&mut c));
@@ -383,7 +383,7 @@ fn msettle_after_a_window_rollback_still_charges_the_budget_late() {
     rollback2.extend(keys);
     rollback2.push("e2");
     assert_eq!(
-        rows(&oka(&mut c, 3100, &rollback2)),
+        key_rows(&oka(&mut c, 3100, &rollback2)),
         [("rolledback".into(), 5, 97), ("rolledback".into(), 1, 10)]
     );
     let before = digests(&mut c);
@@ -480,7 +480,7 @@ fn mrollback_gives_back_what_each_key_counted() {
     let (code, _) = erra(&mut c, 20, &["QUOTA.MSETTLE", "1", KEYS[0], "r", "1"]);
     assert_eq!(code, "CONFLICT");
     let before = digests(&mut c);
-    let r = rows(&oka(&mut c, 20, &["QUOTA.MSETTLE", "1", KEYS[4], "r", "1"]));
+    let r = key_rows(&oka(&mut c, 20, &["QUOTA.MSETTLE", "1", KEYS[4], "r", "1"]));
     assert_eq!(r[0].0, "skipped");
     assert_eq!(before, digests(&mut c));
     // Once the bucket has left the window a window key has nothing to give back: skipped;

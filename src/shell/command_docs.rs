@@ -479,7 +479,7 @@ pub static COMMANDS: &[CommandDoc] = &[
     },
     CommandDoc {
         name: c"QUOTA.HELP",
-        summary: c"Shows the syntax of every QUOTA command, one line each.",
+        summary: c"Shows the syntax of every QUOTA command, one line per form.",
         since: V0_1,
         complexity: c"O(1)",
         arity: 1,
