@@ -692,6 +692,34 @@ fn reconcile_names_the_trim_before_and_after_catching_up() {
             "{out}"
         );
     }
+    // The documented acknowledgement: the group's read counter set to the entries added.
+    let xinfo = items(&ok(&mut c, &["XINFO", "STREAM", "{tr}:u"]));
+    let added = xinfo
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"entries-added"))
+        .map(|i| int(&xinfo[i + 1]))
+        .unwrap();
+    let last = xinfo
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"last-generated-id"))
+        .map(|i| text(&xinfo[i + 1]))
+        .unwrap();
+    ok(
+        &mut c,
+        &[
+            "XGROUP",
+            "SETID",
+            "{tr}:u",
+            "quota-export",
+            &last,
+            "ENTRIESREAD",
+            &added.to_string(),
+        ],
+    );
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(!out.contains("TRIMMED"), "{out}");
+    assert_eq!(last_line(&out), "reconcile: FAILED", "{out}");
 }
 
 /// A wrong `--db` is an error, never an empty database that matches: a missing SQLite file
