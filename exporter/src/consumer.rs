@@ -104,7 +104,7 @@ impl Consumer {
             match r {
                 Ok(_) => {}
                 Err(e) if e.code() == Some("BUSYGROUP") => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(stream_error(s, &e).into()),
             }
         }
         Ok(())
@@ -343,6 +343,20 @@ pub struct GroupInfo {
     pub lag: Option<i64>,
     /// Entries the group has read since the stream began (`None`: unknown).
     pub entries_read: Option<i64>,
+}
+
+/// A Redis error about one stream, readable: names the stream and, for `WRONGTYPE`, says
+/// that the key holds something else.
+pub fn stream_error(stream: &str, e: &redis::RedisError) -> String {
+    let detail = e.detail().unwrap_or_default();
+    match e.code() {
+        Some("WRONGTYPE") => format!(
+            "stream {stream}: the key holds another type, not a stream (WRONGTYPE {detail}); \
+             check --stream"
+        ),
+        Some(code) => format!("stream {stream}: {code} {detail}"),
+        None => format!("stream {stream}: {e}"),
+    }
 }
 
 /// Field/value pairs of a flat RESP2 array or a RESP3 map.

@@ -71,6 +71,54 @@ impl Db {
         }
     }
 
+    /// Opens `target` for reading only what `quota-export run` wrote: the SQLite file must
+    /// exist (it is never created) and the database must hold both tables (they are never
+    /// created). Errors name the target and say what is missing: a mistyped path or URL must
+    /// not look like an empty, matching database.
+    pub fn open_existing(target: &str) -> Result<Db, Error> {
+        const MISSING: &str = "has no quota_usage/quota_usage_rejects tables: not a database \
+            `quota-export run` wrote to (reconcile never creates them)";
+        if is_postgres(target) {
+            let mut c = postgres::Client::connect(target, postgres::NoTls)?;
+            let found: bool = c
+                .query_one(
+                    "SELECT to_regclass('quota_usage') IS NOT NULL \
+                     AND to_regclass('quota_usage_rejects') IS NOT NULL",
+                    &[],
+                )?
+                .get(0);
+            if !found {
+                return Err(format!("database {target} {MISSING}").into());
+            }
+            Ok(Db::Postgres(Box::new(c)))
+        } else {
+            let path = target.strip_prefix("sqlite://").unwrap_or(target);
+            if !std::path::Path::new(path).is_file() {
+                return Err(format!(
+                    "database {path}: no such file (reconcile opens an existing database only; \
+                     `quota-export run` creates it)"
+                )
+                .into());
+            }
+            let c = rusqlite::Connection::open_with_flags(
+                path,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            c.busy_timeout(std::time::Duration::from_secs(60))?;
+            let n: i64 = c.query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
+                 AND name IN ('quota_usage', 'quota_usage_rejects')",
+                [],
+                |r| r.get(0),
+            )?;
+            if n != 2 {
+                return Err(format!("database {path} {MISSING}").into());
+            }
+            Ok(Db::Sqlite(c))
+        }
+    }
+
     /// Stores a batch in one transaction; returns the rows newly inserted (those not already
     /// there from an earlier delivery).
     pub fn store<'a>(

@@ -591,3 +591,359 @@ fn reconcile_says_when_the_stream_was_trimmed_past_the_group() {
     assert!(text.contains("TRIMMED PAST THE GROUP"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `quota-export reconcile` against `redis`, `db`: (exit status, stdout, stderr).
+fn reconcile_out(redis: &str, db: &str) -> (Option<i32>, String, String) {
+    let out = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", redis, "--db", db])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `quota-export run --once` of `streams`: (exit status, stderr).
+fn run_once(redis: &str, db: &str, streams: &[&str]) -> (Option<i32>, String) {
+    let mut c = Command::new(EXPORTER);
+    c.args(["run", "--redis", redis, "--db", db, "--once"]);
+    for s in streams {
+        c.args(["--stream", s]);
+    }
+    let out = c.stdout(Stdio::null()).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines().last().unwrap_or_default()
+}
+
+/// Issue 21's reproduction: the stream is trimmed past the group; reconcile names the trim
+/// (count, table status, closing line) before the exporter catches up and after, when
+/// Redis' own lag still counts the trimmed entries and exporting again cannot help.
+#[test]
+fn reconcile_names_the_trim_before_and_after_catching_up() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("trim.db");
+    let db = db.to_str().unwrap();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{tr}:b",
+            "LIMIT",
+            "100000",
+            "STREAM",
+            "{tr}:u",
+            "STREAMMAXLEN",
+            "10",
+        ],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{tr}:b", "1"]);
+    assert_eq!(run_once(&redis, db, &["{tr}:u"]).0, Some(0));
+    for _ in 0..400 {
+        ok(&mut c, &["QUOTA.CHARGE", "{tr}:b", "1"]);
+    }
+    let len = int(&ok(&mut c, &["XLEN", "{tr}:u"]));
+    assert!(len < 400, "the stream was trimmed: {len}");
+    // 401 added, 1 read, `len` still there.
+    let lost = format!("TRIMMED PAST THE GROUP: {} entries", 400 - len);
+
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(&lost), "{out}");
+    assert!(
+        out.contains(&format!("not yet exported: {len} unread")),
+        "{out}"
+    );
+    assert!(
+        out.contains("MISMATCH (entries trimmed from {tr}:u"),
+        "{out}"
+    );
+    assert!(
+        last_line(&out).contains("trimmed from the stream before export")
+            && last_line(&out).contains("also not exported yet"),
+        "{out}"
+    );
+
+    // Part way through (another consumer read 5 and holds them): the entries after the
+    // group's position are counted (XRANGE), the loss is the same.
+    let _ = ok(
+        &mut c,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "quota-export",
+            "other",
+            "COUNT",
+            "5",
+            "STREAMS",
+            "{tr}:u",
+            ">",
+        ],
+    );
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(&lost), "{out}");
+    assert!(
+        out.contains(&format!("not yet exported: {} unread, 5 pending", len - 5)),
+        "{out}"
+    );
+
+    // Caught up (the other consumer's 5 claimed at once).
+    let st = Command::new(EXPORTER)
+        .args(["run", "--redis", &redis, "--db", db, "--once"])
+        .args(["--stream", "{tr}:u", "--claim-idle-ms", "0"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for _ in 0..2 {
+        let (code, out, _) = reconcile_out(&redis, db);
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains(&lost), "{out}");
+        assert!(!out.contains("not yet exported"), "{out}");
+        assert!(!out.contains("run --once"), "{out}");
+        assert!(
+            out.contains("MISMATCH (entries trimmed from {tr}:u"),
+            "{out}"
+        );
+        assert!(
+            last_line(&out).contains("trimmed from the stream before export")
+                && !last_line(&out).contains("not exported yet"),
+            "{out}"
+        );
+    }
+    // The documented acknowledgement: the group's read counter set to the entries added.
+    let xinfo = items(&ok(&mut c, &["XINFO", "STREAM", "{tr}:u"]));
+    let added = xinfo
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"entries-added"))
+        .map(|i| int(&xinfo[i + 1]))
+        .unwrap();
+    let last = xinfo
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"last-generated-id"))
+        .map(|i| text(&xinfo[i + 1]))
+        .unwrap();
+    ok(
+        &mut c,
+        &[
+            "XGROUP",
+            "SETID",
+            "{tr}:u",
+            "quota-export",
+            &last,
+            "ENTRIESREAD",
+            &added.to_string(),
+        ],
+    );
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(!out.contains("TRIMMED"), "{out}");
+    assert_eq!(last_line(&out), "reconcile: FAILED", "{out}");
+}
+
+/// A wrong `--db` is an error, never an empty database that matches: a missing SQLite file
+/// is not created, a file without the tables is refused, and a database with no rows is
+/// "nothing to compare" (status 1), not OK.
+#[test]
+fn reconcile_refuses_a_missing_or_empty_sqlite_database() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let missing = server.dir.join("x").join("empty.db");
+    let (code, out, err) = reconcile_out(&redis, missing.to_str().unwrap());
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("no such file"), "{err}");
+    assert!(!missing.exists());
+    let missing = server.dir.join("empty.db");
+    let (code, _, err) = reconcile_out(&redis, missing.to_str().unwrap());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(!missing.exists(), "reconcile created {}", missing.display());
+
+    // An existing file that is not an exporter's database (an empty file is an empty SQLite
+    // database).
+    let other = server.dir.join("other.db");
+    std::fs::write(&other, b"").unwrap();
+    let (code, _, err) = reconcile_out(&redis, other.to_str().unwrap());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("has no quota_usage"), "{err}");
+
+    // The exporter's database, but nothing exported yet.
+    let db = server.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    assert_eq!(run_once(&redis, db, &["{e}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        last_line(&out).contains("nothing to compare: the database has no usage rows"),
+        "{out}"
+    );
+}
+
+/// Pointed at a Redis database without the budgets, reconcile says nothing was compared
+/// (status 1); with some budgets present, one deleted since is still not a mismatch.
+#[test]
+fn reconcile_against_the_wrong_redis_database_is_not_ok() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    for key in ["{a}:b1", "{a}:b2"] {
+        ok(
+            &mut c,
+            &["QUOTA.SET", key, "LIMIT", "100", "STREAM", "{a}:u"],
+        );
+        ok(&mut c, &["QUOTA.CHARGE", key, "3"]);
+    }
+    assert_eq!(run_once(&redis, db, &["{a}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(last_line(&out), "reconcile: OK", "{out}");
+
+    let wrong = format!("redis://127.0.0.1:{}/5", server.port);
+    let (code, out, _) = reconcile_out(&wrong, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("stream {a}:u: missing in Redis"), "{out}");
+    assert!(
+        last_line(&out).contains("nothing to compare: none of the database's 2 budget keys"),
+        "{out}"
+    );
+
+    // The normal case: one budget deleted since, the other still compared.
+    ok(&mut c, &["DEL", "{a}:b1"]);
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("gone (no budget at this key)"), "{out}");
+    assert_eq!(last_line(&out), "reconcile: OK", "{out}");
+    ok(&mut c, &["DEL", "{a}:b2"]);
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(last_line(&out).contains("nothing to compare"), "{out}");
+}
+
+/// PostgreSQL: reconcile never creates the tables (they are checked with `to_regclass`),
+/// and a database with the tables but no rows is "nothing to compare".
+#[test]
+fn reconcile_refuses_a_postgres_database_without_the_tables() {
+    use_module();
+    let pg = Postgres::start();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (code, out, err) = reconcile_out(&redis, &pg.url());
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("has no quota_usage"), "{err}");
+    let mut pc = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let created: bool = pc
+        .query_one("SELECT to_regclass('quota_usage') IS NOT NULL", &[])
+        .unwrap()
+        .get(0);
+    assert!(!created, "reconcile created the table");
+
+    assert_eq!(run_once(&redis, &pg.url(), &["{e}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, &pg.url());
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        last_line(&out).contains("nothing to compare: the database has no usage rows"),
+        "{out}"
+    );
+}
+
+/// Against a replica: reconcile notes that it belongs on the master, and where the replica
+/// does not keep the group's entries-read (Redis 7.0) it says the trim check could not be
+/// made and why, never a bare MISMATCH. (Valkey replicas keep entries-read: then the trim
+/// is named as on the master.)
+#[test]
+fn reconcile_on_a_replica_says_why_the_trim_check_cannot_be_made() {
+    use_module();
+    let master = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replica.replicate_from(&master);
+    let redis = format!("redis://127.0.0.1:{}/", master.port);
+    let on_replica = format!("redis://127.0.0.1:{}/", replica.port);
+    let mut c = master.conn();
+    let db = master.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{r}:b",
+            "LIMIT",
+            "100000",
+            "STREAM",
+            "{r}:u",
+            "STREAMMAXLEN",
+            "10",
+        ],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{r}:b", "1"]);
+    assert_eq!(run_once(&redis, db, &["{r}:u"]).0, Some(0));
+    for _ in 0..400 {
+        ok(&mut c, &["QUOTA.CHARGE", "{r}:b", "1"]);
+    }
+    ok(&mut c, &["WAIT", "1", "10000"]);
+    // The replica's view of the group, once it has caught up with the master.
+    let mut rc = replica.conn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while int(&ok(&mut rc, &["XLEN", "{r}:u"])) != int(&ok(&mut c, &["XLEN", "{r}:u"])) {
+        assert!(Instant::now() < deadline, "replica did not catch up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let groups = items(&ok(&mut rc, &["XINFO", "GROUPS", "{r}:u"]));
+    let g = items(&groups[0]);
+    let pos = g
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"entries-read"))
+        .unwrap();
+    let known = !matches!(g[pos + 1], redis::Value::Nil);
+
+    let (code, out, _) = reconcile_out(&on_replica, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("is a replica"), "{out}");
+    if known {
+        assert!(out.contains("TRIMMED PAST THE GROUP"), "{out}");
+    } else {
+        assert!(
+            out.contains(
+                "stream {r}:u: trim check not possible: XINFO GROUPS gives no entries-read"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("replicas do not keep it"), "{out}");
+        assert!(
+            out.contains("MISMATCH (trim check of {r}:u not possible, see below)")
+                && last_line(&out).contains("trimmed could not be checked"),
+            "{out}"
+        );
+    }
+}
+
+/// `run --stream` on a key of another type: a readable error naming the stream.
+#[test]
+fn run_names_a_stream_key_of_another_type() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    ok(&mut c, &["SET", "{e}:u", "x"]);
+    let db = server.dir.join("u.db");
+    let (code, err) = run_once(&redis, db.to_str().unwrap(), &["{e}:u"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("stream {e}:u: the key holds another type, not a stream"),
+        "{err}"
+    );
+    assert!(!err.contains("\"WRONGTYPE\""), "{err}");
+}
