@@ -511,7 +511,8 @@ fn multi_key_errors_name_the_key_at_fault() {
             &["QUOTA.MRESERVE", "2", "b", "w2", "1", "1", "ID", "m"]
         ),
         "CONFLICT id 'm' is pending on other listed keys: a retry must name the same keys and \
-         amounts (key 'w2')"
+         amounts, and this window key does not remember it (its bucket left the window, or it \
+         was not listed): a retry after the window is a new request (a new ID) (key 'w2')"
     );
     assert_eq!(
         error_line(
@@ -584,4 +585,99 @@ fn window_costs_near_i64_max_are_denied_and_overflow_only_beyond_the_window() {
     // Once the first cost has left the horizon, the same call is admitted.
     let r = items(&window(&mut c, "1000", &max, 10_500).unwrap());
     assert_eq!(int(&r[0]), 1, "{r:?}");
+}
+
+/// Issue 19's error nits: numkeys' range is checked first by every M* command (before the
+/// arity); a TTL out of range is an argument error naming no key (MEXTEND's names `ttl_ms`);
+/// `WINDOW` given twice says so; NX / XX reply 0 before the stream key's type is looked at.
+#[test]
+fn multi_key_and_set_argument_errors_are_consistent() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    q(&mut c, &["QUOTA.SET", "{e}:b", "LIMIT", "10"]).unwrap();
+    q(&mut c, &["QUOTA.RESERVE", "{e}:b", "1", "ID", "p1"]).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("{e}:str")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let before = (digest(&mut c, "{e}:b"), digest(&mut c, "{e}:str"));
+    let numkeys = "ERR numkeys must be between 1 and 16";
+    let huge = "1000000000000001";
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["QUOTA.MRESERVE", "0", "k", "p1"], numkeys.into()),
+        (vec!["QUOTA.MSETTLE", "0", "k", "p1"], numkeys.into()),
+        (vec!["QUOTA.MROLLBACK", "0", "k", "p1"], numkeys.into()),
+        (vec!["QUOTA.MEXTEND", "0", "k", "p1"], numkeys.into()),
+        (vec!["QUOTA.MSETTLE", "17", "k"], numkeys.into()),
+        (vec!["QUOTA.MEXTEND", "-1"], numkeys.into()),
+        (
+            vec!["QUOTA.MRESERVE", "1", "{e}:b", "1", "TTL", huge],
+            "ERR TTL must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.MRESERVE", "1", "{e}:b", "1", "TTL", "0"],
+            "ERR TTL must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.MEXTEND", "1", "{e}:b", "p1", huge],
+            "ERR ttl_ms must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.MEXTEND", "1", "{e}:b", "p1", "0"],
+            "ERR ttl_ms must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec![
+                "QUOTA.SET",
+                "nw",
+                "WINDOW",
+                "5",
+                "1000",
+                "WINDOW",
+                "6",
+                "1000",
+            ],
+            "ERR WINDOW is given twice: QUOTA.SET key WINDOW limit window_ms [PRECISION ms] \
+             [NX|XX]"
+                .into(),
+        ),
+        // Something would be set: the stream key's type is checked.
+        (
+            vec!["QUOTA.SET", "{e}:b", "STREAM", "{e}:str"],
+            "WRONGTYPE the usage stream key holds a value that is not a stream".into(),
+        ),
+        (
+            vec![
+                "QUOTA.SET",
+                "{e}:new",
+                "LIMIT",
+                "5",
+                "STREAM",
+                "{e}:str",
+                "NX",
+            ],
+            "WRONGTYPE the usage stream key holds a value that is not a stream".into(),
+        ),
+    ];
+    for (args, want) in &cases {
+        assert_eq!(&error_line(&mut c, args), want, "{args:?}");
+    }
+    // NX on an existing budget, XX on a missing key: 0 first, nothing set, nothing checked.
+    for args in [
+        vec!["QUOTA.SET", "{e}:b", "STREAM", "{e}:str", "NX"],
+        vec![
+            "QUOTA.SET",
+            "{e}:new",
+            "LIMIT",
+            "5",
+            "STREAM",
+            "{e}:str",
+            "XX",
+        ],
+    ] {
+        assert_eq!(q(&mut c, &args).unwrap(), Value::Int(0), "{args:?}");
+    }
+    assert_eq!((digest(&mut c, "{e}:b"), digest(&mut c, "{e}:str")), before);
+    assert_eq!(keys(&mut c), ["{e}:b", "{e}:str"]);
 }

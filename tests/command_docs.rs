@@ -359,8 +359,8 @@ fn command_info_and_getkeys_for_every_command() {
 }
 
 /// `QUOTA.HELP` answers as `XINFO HELP` does (an array of simple strings, a header line
-/// first), then one line per command: its usage and summary. A client command's arity error
-/// ends with the same usage.
+/// first), then one line per command: its usage and summary (QUOTA.SET: two, one per form).
+/// A client command's arity error ends with the same usage.
 #[test]
 fn help_lists_every_command_like_xinfo_help() {
     let s = Server::start(&[]);
@@ -369,8 +369,26 @@ fn help_lists_every_command_like_xinfo_help() {
     let help = ok(&mut c, &["QUOTA.HELP"]);
     let simple = |v: &Value| items(v).iter().all(|l| matches!(l, Value::SimpleString(_)));
     assert!(simple(&xinfo) && simple(&help), "{help:?}");
-    let lines: Vec<String> = items(&help).iter().map(text).collect();
-    assert_eq!(lines[0], "QUOTA.<command> key [<arg> ...]. Commands are:");
+    let mut lines: Vec<String> = items(&help).iter().map(text).collect();
+    assert_eq!(
+        lines[0],
+        "QUOTA.<command> [<arg> ...]: a key first, numkeys key [key ...] first for QUOTA.M*, \
+         nothing for QUOTA.HELP. Commands are:"
+    );
+    // QUOTA.SET's second form: a window key's configuration, with nothing of a budget's.
+    let window_form = lines.remove(2);
+    assert_eq!(
+        window_form,
+        "QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] [NX|XX] [AT unix_ms] -- \
+         a window key's stored configuration (no other option but NX, XX, AT); QUOTA.WINDOW key \
+         and the M* commands then use it"
+    );
+    assert!(
+        lines[1].starts_with("QUOTA.SET key [LIMIT limit] ") && !lines[1].contains("WINDOW limit"),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[2].contains("or a window key's"), "{}", lines[2]);
     assert_eq!(lines.len(), COMMANDS.len() + 1, "{lines:#?}");
     for (&(name, internal), line) in COMMANDS.iter().zip(&lines[1..]) {
         assert!(

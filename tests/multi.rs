@@ -321,6 +321,126 @@ fn msettle_corrects_windows_and_settles_budgets() {
     assert_eq!((i["quota_msettled"], i["quota_msettled_late"]), (6, 1));
 }
 
+/// `[status, amount, value]` of each key of an MSETTLE / MROLLBACK reply.
+fn key_rows(v: &Value) -> Vec<(String, i64, i64)> {
+    items(v)
+        .iter()
+        .map(|r| {
+            let r = items(r);
+            (text(&r[0]), int(&r[1]), int(&r[2]))
+        })
+        .collect()
+}
+
+/// Issue 19, found by a user: a late MSETTLE after an MROLLBACK that released nothing on an
+/// expired budget but gave the window's count back. The window key is `skipped` (its count
+/// was given back), so the budget's late charge is not lost; a budget whose reservation was
+/// really rolled back still refuses (CONFLICT) and nothing changes.
+#[test]
+fn msettle_after_a_window_rollback_still_charges_the_budget_late() {
+    let s = server();
+    let mut c = s.conn();
+    oka(
+        &mut c,
+        0,
+        &["QUOTA.SET", "{q}:b1", "LIMIT", "100", "TTL", "1000"],
+    );
+    oka(&mut c, 0, &["QUOTA.SET", "{q}:w", "WINDOW", "10", "60000"]);
+    let keys = ["{q}:b1", "{q}:w"];
+    let mut reserve = vec!["QUOTA.MRESERVE", "2"];
+    reserve.extend(keys);
+    reserve.extend(["5", "1", "ID", "e1", "TTL", "1000"]);
+    assert_eq!(int(&items(&oka(&mut c, 0, &reserve))[0]), 1);
+    let mut rollback = vec!["QUOTA.MROLLBACK", "2"];
+    rollback.extend(keys);
+    rollback.push("e1");
+    assert_eq!(
+        key_rows(&oka(&mut c, 2000, &rollback)),
+        [("expired".into(), 0, 100), ("rolledback".into(), 1, 10)]
+    );
+    let mut settle = vec!["QUOTA.MSETTLE", "2"];
+    settle.extend(keys);
+    settle.extend(["e1", "3", "1"]);
+    assert_eq!(
+        key_rows(&oka(&mut c, 2100, &settle)),
+        [("late".into(), 3, 97), ("skipped".into(), 1, 10)]
+    );
+    assert_eq!(info_at(&mut c, "{q}:b1", T0 + 2100)["used"], 3);
+    assert_eq!(info_at(&mut c, "{q}:w", T0 + 2100)["counted"], 0);
+    // Retried: the budget's duplicate, the window skipped again; nothing changes.
+    let before = digests(&mut c);
+    assert_eq!(
+        key_rows(&oka(&mut c, 2200, &settle)),
+        [("duplicate".into(), 3, 97), ("skipped".into(), 1, 10)]
+    );
+    assert_eq!(before, digests(&mut c));
+    // Rolled back in time on the budget: the budget decides, CONFLICT, nothing changes.
+    let mut reserve2 = vec!["QUOTA.MRESERVE", "2"];
+    reserve2.extend(keys);
+    reserve2.extend(["5", "1", "ID", "e2"]);
+    oka(&mut c, 3000, &reserve2);
+    let mut rollback2 = vec!["QUOTA.MROLLBACK", "2"];
+    rollback2.extend(keys);
+    rollback2.push("e2");
+    assert_eq!(
+        key_rows(&oka(&mut c, 3100, &rollback2)),
+        [("rolledback".into(), 5, 97), ("rolledback".into(), 1, 10)]
+    );
+    let before = digests(&mut c);
+    let mut settle2 = vec!["QUOTA.MSETTLE", "2"];
+    settle2.extend(keys);
+    settle2.extend(["e2", "3", "1"]);
+    let (code, msg) = erra(&mut c, 3200, &settle2);
+    assert_eq!(code, "CONFLICT", "{msg}");
+    assert!(msg.contains("(key '{q}:b1')"), "{msg}");
+    assert_eq!(before, digests(&mut c));
+}
+
+/// Issue 19: a retry (same ID, keys, amounts) after the window key has forgotten the id (its
+/// bucket left the window) is a CONFLICT that says so, and changes nothing.
+#[test]
+fn a_retry_after_the_window_forgot_the_id_says_why() {
+    let s = server();
+    let mut c = s.conn();
+    oka(
+        &mut c,
+        0,
+        &["QUOTA.SET", "{z}:b", "LIMIT", "100000", "TTL", "600000"],
+    );
+    oka(
+        &mut c,
+        0,
+        &["QUOTA.SET", "{z}:w", "WINDOW", "1000", "60000"],
+    );
+    let call = [
+        "QUOTA.MRESERVE",
+        "2",
+        "{z}:b",
+        "{z}:w",
+        "500",
+        "500",
+        "ID",
+        "late1",
+    ];
+    oka(&mut c, 0, &call);
+    // Inside the window: the same request again, nothing more taken.
+    let r = items(&oka(&mut c, 30_000, &call));
+    assert_eq!((int(&r[0]), text(&r[1])), (1, "late1".to_string()));
+    assert_eq!(ints(&r[4]), [99_500, 500]);
+    let before = digests(&mut c);
+    let (code, msg) = erra(&mut c, 120_000, &call);
+    assert_eq!(code, "CONFLICT");
+    assert!(
+        msg.contains(
+            "is pending on other listed keys: a retry must name the same keys and amounts, \
+             and this window key does not remember it (its bucket left the window, or it was \
+             not listed): a retry after the window is a new request (a new ID) (key '{z}:w')"
+        ),
+        "{msg}"
+    );
+    assert_eq!(before, digests(&mut c));
+}
+
 #[test]
 fn mrollback_gives_back_what_each_key_counted() {
     let s = server();
@@ -355,9 +475,14 @@ fn mrollback_gives_back_what_each_key_counted() {
     let r = items(&oka(&mut c, 20, &args));
     assert!(r.iter().all(|v| text(&items(v)[0]) == "duplicate"));
     assert_eq!(digests_after, digests(&mut c));
-    // A settle after a rollback is a CONFLICT on the windows as on the budgets.
-    let (code, _) = erra(&mut c, 20, &["QUOTA.MSETTLE", "1", KEYS[4], "r", "1"]);
+    // A settle after a rollback is a CONFLICT on the budgets; a window key skips it (its
+    // count was given back; issue 19): nothing changes.
+    let (code, _) = erra(&mut c, 20, &["QUOTA.MSETTLE", "1", KEYS[0], "r", "1"]);
     assert_eq!(code, "CONFLICT");
+    let before = digests(&mut c);
+    let r = key_rows(&oka(&mut c, 20, &["QUOTA.MSETTLE", "1", KEYS[4], "r", "1"]));
+    assert_eq!(r[0].0, "skipped");
+    assert_eq!(before, digests(&mut c));
     // Once the bucket has left the window a window key has nothing to give back: skipped;
     // an expired budget reservation: expired.
     mreserve(&mut c, 100, [7, 7, 7, 1, 7, 1], Some("s"));

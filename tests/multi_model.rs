@@ -223,6 +223,8 @@ fn expect_settle(k: &RKey, id: &[u8], actual: i64, now: i64) -> Expect {
             Some((_, _, counted, IdStatus::Settled)) if counted == actual => {
                 Expect::Status(KeyStatus::Duplicate, actual)
             }
+            // Its count was given back: no correction, not an error (the budgets decide).
+            Some((_, _, _, IdStatus::RolledBack)) => Expect::Status(KeyStatus::Skipped, actual),
             Some(_) => Expect::Err("CONFLICT"),
         },
     }

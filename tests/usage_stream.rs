@@ -1103,6 +1103,40 @@ fn aofs_of_both_forms_load_and_forged_logged_tokens_are_refused() {
     );
 }
 
+/// An entry a replay cannot add (the stream already holds a later id: never with identical
+/// state) is counted and logged, and the log line names the budget and its stream, escaped
+/// for the log (issue 19).
+#[test]
+fn an_entry_that_cannot_be_added_is_logged_with_its_keys() {
+    let t = |d: i64| (T + d).to_string();
+    let config = format!(
+        "{} CONFIG 100 0 0 -1 60000 NONE 3:UTC - - - USAGE 1:u 10",
+        t(0)
+    );
+    let ahead = format!("{}-0", t(100));
+    let charge = format!("{} CHARGE 1 0 LOGGED {} 0 2", t(1), t(1));
+    let lines: [Vec<&str>; 3] = [
+        vec!["QUOTA.APPLY", "b%x", &config],
+        vec!["XADD", "u", &ahead, "f", "v"],
+        vec!["QUOTA.APPLY", "b%x", &charge],
+    ];
+    let aof: Vec<u8> = lines.iter().flat_map(|l| resp(l)).collect();
+    let args = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
+    let mods = ["test-clock", "yes", "sweep-effort", "0"];
+    let s = Server::start_with_files(&args, &mods, &[("appendonly.aof", &aof)]);
+    let mut c = s.conn();
+    assert_eq!(info_at(&mut c, "b%x", T + 1)["used"], 1);
+    assert_eq!(
+        info_section(&mut c, "quota")["quota_usage_stream_errors"],
+        1
+    );
+    let log = s.log();
+    assert!(
+        log.contains("quota: a usage stream entry could not be added (budget 'b%x', stream 'u')"),
+        "{log}"
+    );
+}
+
 /// On a replica the rebuilt entries fire what the master's fire (`xadd`, `xtrim`) and touch
 /// `WATCH`; entries made in one MULTI/EXEC (ids in the same millisecond) come out identical.
 #[test]

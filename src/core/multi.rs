@@ -11,11 +11,15 @@
 //!   reports the first key that denied and its retry time. With a client id, every key that
 //!   knows the id as pending with the same amount answers a retry; a retry is granted again
 //!   (the same id, nothing more taken) only if every listed key does; keys that know it and
-//!   keys that do not is `CONFLICT` (a retry must name the same keys and amounts, in any order).
+//!   keys that do not is `CONFLICT` (a retry must name the same keys and amounts, in any order;
+//!   when the key that does not know it is a window key, the error says its bucket may have
+//!   left the window: a retry after the window is a new request).
 //!   A subset of the original keys cannot be told from a retry and is answered as one.
 //! - **MSETTLE / MROLLBACK / MEXTEND**: every key's plan must succeed (an id a listed budget
 //!   does not know is `NORESERVATION`), else nothing changes anywhere. A window key that no
-//!   longer remembers the id (its bucket left the window) is `skipped`, not an error.
+//!   longer remembers the id (its bucket left the window) is `skipped`, not an error; so is,
+//!   in MSETTLE, a window key whose id was rolled back (its count was given back: a window is
+//!   a rate limit, not the bill), so the budgets' late charges are not lost.
 
 use crate::core::book::Id;
 use crate::core::error::LedgerError;
@@ -240,8 +244,9 @@ pub fn plan_mreserve_keep(
     let mut planned = Vec::with_capacity(limits.len());
     let mut retried = 0usize;
     let mut denied: Option<(usize, i64)> = None;
-    // The first key that does not know the id: the one at fault when others do (a retry).
-    let mut first_fresh: Option<usize> = None;
+    // The first key that does not know the id: the one at fault when others do (a retry),
+    // and whether it is a window key.
+    let mut first_fresh: Option<(usize, bool)> = None;
     for (i, (limit, &amount)) in limits.iter().zip(amounts).enumerate() {
         match limit {
             Limit::Budget(b) => {
@@ -251,9 +256,9 @@ pub fn plan_mreserve_keep(
                     .map_err(|e| KeyError::at(i, e))?;
                 match plan.reply {
                     ReserveReply::Retried { .. } => retried = retried.saturating_add(1),
-                    ReserveReply::Granted { .. } => first_fresh = first_fresh.or(Some(i)),
+                    ReserveReply::Granted { .. } => first_fresh = first_fresh.or(Some((i, false))),
                     ReserveReply::Denied => {
-                        first_fresh = first_fresh.or(Some(i));
+                        first_fresh = first_fresh.or(Some((i, false)));
                         denied = denied.or(Some((i, b.retry_after_keep(now, amount, keep))));
                     }
                 }
@@ -273,12 +278,12 @@ pub fn plan_mreserve_keep(
                         vec![]
                     }
                     IdPlan::Denied(d) => {
-                        first_fresh = first_fresh.or(Some(i));
+                        first_fresh = first_fresh.or(Some((i, true)));
                         denied = denied.or(Some((i, d.retry_after_ms)));
                         vec![]
                     }
                     _ => {
-                        first_fresh = first_fresh.or(Some(i));
+                        first_fresh = first_fresh.or(Some((i, true)));
                         vec![WindowEffect::Count {
                             window_ms: cfg.window_ms,
                             precision_ms: cfg.precision_ms,
@@ -291,16 +296,8 @@ pub fn plan_mreserve_keep(
             }
         }
     }
-    if let (true, Some(i)) = (retried > 0, first_fresh) {
-        return Err(KeyError::at(
-            i,
-            LedgerError::Conflict {
-                id: id.to_vec(),
-                // Pending elsewhere; this key does not know it.
-                state: "pending on other listed keys",
-                why: "a retry must name the same keys and amounts",
-            },
-        ));
+    if let (true, Some((i, window))) = (retried > 0, first_fresh) {
+        return Err(KeyError::at(i, retry_conflict(&id, window)));
     }
     Ok(match denied {
         _ if retried > 0 => MReserve::Retried { id },
@@ -315,9 +312,28 @@ pub fn plan_mreserve_keep(
     })
 }
 
+/// The `CONFLICT` of a retry that some listed keys know as pending and the key at fault
+/// does not. A window key forgets an id once its bucket leaves the window (e.g. after 60 s
+/// for a TPM window): the retry rule cannot hold past that, so the error says so.
+#[cold]
+fn retry_conflict(id: &[u8], window: bool) -> LedgerError {
+    LedgerError::Conflict {
+        id: id.to_vec(),
+        // Pending elsewhere; this key does not know it.
+        state: "pending on other listed keys",
+        why: if window {
+            "a retry must name the same keys and amounts, and this window key does not \
+             remember it (its bucket left the window, or it was not listed): a retry after the \
+             window is a new request (a new ID)"
+        } else {
+            "a retry must name the same keys and amounts"
+        },
+    }
+}
+
 /// QUOTA.MSETTLE: `actuals[i]` on `limits[i]` for `id`. One outcome per key: budgets as
 /// QUOTA.SETTLE (charged = the actual), windows `corrected`, `duplicate` or `skipped` (the
-/// actual).
+/// actual; `skipped` when the window no longer remembers the id or rolled it back).
 ///
 /// # Errors
 ///

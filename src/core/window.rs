@@ -1247,12 +1247,14 @@ impl Window {
     }
 
     /// Plans the settle of `id` with `actual` at `now_ms`: [`IdPlan::Corrected`],
-    /// [`IdPlan::Duplicate`] or [`IdPlan::Skipped`].
+    /// [`IdPlan::Duplicate`] or [`IdPlan::Skipped`] (not remembered, or rolled back: its count
+    /// was given back, and a window is a rate limit, not the bill; the budgets of the request
+    /// still take their late charge).
     ///
     /// # Errors
     ///
-    /// `CONFLICT` if the id was rolled back or settled with another actual; `ERR` if the
-    /// correction would overflow; a negative actual.
+    /// `CONFLICT` if the id was settled with another actual; `ERR` if the correction would
+    /// overflow; a negative actual.
     pub fn plan_id_settle(
         &self,
         now_ms: i64,
@@ -1283,7 +1285,7 @@ impl Window {
                 "settled",
                 "already settled with another actual",
             )),
-            IdStatus::RolledBack => Err(window_conflict(id, "rolledback", "it cannot be settled")),
+            IdStatus::RolledBack => Ok(IdPlan::Skipped),
         }
     }
 
@@ -2761,16 +2763,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 370);
-        // a and c rolled back: the bucket empties and is removed; a settle of a is a conflict.
+        // a and c rolled back: the bucket empties and is removed; a settle of a is skipped
+        // (its count was given back).
         for id in [&b"a"[..], b"c"] {
             w.apply(12_000, &WindowEffect::Rollback { id: id.into() })
                 .unwrap();
         }
         assert_eq!(w.counted(&coarse.params(0), 12_000).unwrap(), 20);
-        assert!(matches!(
-            w.plan_id_settle(12_000, b"a", 1),
-            Err(LedgerError::Conflict { .. })
-        ));
+        assert_eq!(w.plan_id_settle(12_000, b"a", 1).unwrap(), IdPlan::Skipped);
         assert_eq!(w.plan_id_rollback(12_000, b"a").unwrap(), IdPlan::Duplicate);
         w.validate().unwrap();
         // A correction up into an emptied bucket inserts it again (counted 0 -> 5).

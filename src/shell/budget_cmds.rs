@@ -223,9 +223,13 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if let Some(tz) = tz {
         Period::new(PeriodKind::None, tz, None).map_err(error_reply)?;
     }
-    if let Some(s) = stream.filter(|s| !s.is_empty()) {
+    let stream_key = stream.filter(|s| !s.is_empty());
+    if let Some(s) = stream_key {
         check_stream_arg(ctx, key_name, s)?;
     }
+    // What the stream key holds is checked only once something will be set: NX on a budget
+    // and XX on an empty key reply 0 first (nothing is set, so there is nothing to check).
+    let check_stream_type = || stream_key.map_or(Ok(()), |s| usage::check_stream_key(ctx, s));
 
     // Another type at this key is refused here with WRONGTYPE.
     let exists = crate::shell::wrongtype(ctx.open_key(key_name).get_value::<Budget>(&BUDGET_TYPE))?
@@ -234,6 +238,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if nx {
             return Ok(RedisValue::Integer(0));
         }
+        check_stream_type()?;
         run_write(ctx, key_name, at, |b, now| {
             let period = merge_period(b.period(), kind, tz, anchor)?;
             let s = b.settings();
@@ -260,6 +265,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if xx {
         return Ok(RedisValue::Integer(0));
     }
+    check_stream_type()?;
     let Some(limit) = limit else {
         return Err(RedisError::Str(
             "ERR LIMIT is required to create a budget: QUOTA.SET key LIMIT n [option ...] (see QUOTA.HELP)",
@@ -327,8 +333,9 @@ fn usage_after(
 }
 
 /// A usage stream key for `key`: in a cluster it must hash to the same slot (a hash tag, e.g.
-/// `{tenant}:budget` and `{tenant}:usage`), so every command on the budget can write it; and it
-/// must be missing or a stream.
+/// `{tenant}:budget` and `{tenant}:usage`), so every command on the budget can write it; not
+/// the budget key; allowed by the user's ACL. (That it is missing or a stream is checked by
+/// the caller once something will be set, [`usage::check_stream_key`].)
 fn check_stream_arg(ctx: &Context, key: &RedisString, stream: &[u8]) -> Result<(), RedisError> {
     if stream.len() > crate::core::ledger::MAX_STREAM_KEY_LEN {
         return Err(RedisError::Str(
@@ -348,8 +355,7 @@ fn check_stream_arg(ctx: &Context, key: &RedisString, stream: &[u8]) -> Result<(
             "ERR the usage stream key must not be the budget key",
         ));
     }
-    usage::check_stream_acl(ctx, stream)?;
-    usage::check_stream_key(ctx, stream)
+    usage::check_stream_acl(ctx, stream)
 }
 
 /// The period after a QUOTA.SET: `None` if PERIOD, TZ and ANCHOR were all absent (unchanged).

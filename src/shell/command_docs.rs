@@ -51,6 +51,10 @@ pub struct Arg {
     pub multiple: bool,
     pub summary: Option<&'static CStr>,
     pub subargs: &'static [Arg],
+    /// Non-empty: this option makes a form of the command of its own, taking only the
+    /// arguments named here (by [`Arg::name`]) besides it (`QUOTA.SET key WINDOW ...
+    /// [NX|XX] [AT unix_ms]`). `QUOTA.HELP` shows each form on its own line.
+    pub only_with: &'static [&'static CStr],
 }
 
 impl Arg {
@@ -63,6 +67,7 @@ impl Arg {
             multiple: false,
             summary: None,
             subargs: &[],
+            only_with: &[],
         }
     }
 
@@ -255,6 +260,7 @@ pub static COMMANDS: &[CommandDoc] = &[
                 token: Some(c"WINDOW"),
                 optional: true,
                 summary: Some(c"a window key's stored configuration (no other option but NX, XX, AT); QUOTA.WINDOW key and the M* commands then use it"),
+                only_with: &[c"key", c"condition", c"unix_ms"],
                 ..block(c"window", &[
                     int(c"limit"),
                     int(c"window_ms"),
@@ -301,7 +307,7 @@ pub static COMMANDS: &[CommandDoc] = &[
     },
     CommandDoc {
         name: c"QUOTA.INFO",
-        summary: c"Returns a budget's state: limit, used, reserved, available, settings, period. Nil if there is none.",
+        summary: c"Returns a budget's state (limit, used, reserved, available, settings, period) or a window key's (limit, window, precision, counted, remaining, reset). Nil if there is none.",
         since: V0_1,
         complexity: c"O(log N), N being the ids the key holds.",
         arity: -2,
@@ -473,7 +479,7 @@ pub static COMMANDS: &[CommandDoc] = &[
     },
     CommandDoc {
         name: c"QUOTA.HELP",
-        summary: c"Shows the syntax of every QUOTA command, one line each.",
+        summary: c"Shows the syntax of every QUOTA command, one line per form.",
         since: V0_1,
         complexity: c"O(1)",
         arity: 1,
@@ -559,6 +565,35 @@ impl CommandDoc {
             render(arg, &mut out);
         }
         out
+    }
+
+    /// The command's forms, as `QUOTA.HELP` lists them: `(usage line, summary)`. One form (the
+    /// [`CommandDoc::usage`] and the summary) unless an option makes a form of its own
+    /// ([`Arg::only_with`]): then the form without it first (the command's summary), then one
+    /// per such option, required, with only the arguments it takes (the option's summary).
+    pub fn forms(&self) -> Vec<(String, &'static CStr)> {
+        let own = |a: &Arg| !a.only_with.is_empty();
+        let name = self.name.to_string_lossy().into_owned();
+        let mut main = name.clone();
+        for arg in self.args.iter().filter(|a| !own(a)) {
+            main.push(' ');
+            render(arg, &mut main);
+        }
+        let mut forms = vec![(main, self.summary)];
+        for alone in self.args.iter().filter(|a| own(a)) {
+            let mut line = name.clone();
+            for arg in self.args {
+                if std::ptr::eq(arg, alone) {
+                    line.push(' ');
+                    line.push_str(&arg.form());
+                } else if alone.only_with.contains(&arg.name) {
+                    line.push(' ');
+                    render(arg, &mut line);
+                }
+            }
+            forms.push((line, alone.summary.unwrap_or(self.summary)));
+        }
+        forms
     }
 
     /// The option of this command whose keyword is `token` (case-insensitive): a top-level
@@ -662,18 +697,21 @@ impl Arg {
     }
 }
 
-/// `QUOTA.HELP` → one simple string per command: its usage line and summary, after a header
-/// line, as `XINFO HELP` answers.
+/// The first line of `QUOTA.HELP`: what every command's arguments start with.
+pub const HELP_HEADER: &str = "QUOTA.<command> [<arg> ...]: a key first, numkeys key [key ...] \
+     first for QUOTA.M*, nothing for QUOTA.HELP. Commands are:";
+
+/// `QUOTA.HELP` → one simple string per form of each command ([`CommandDoc::forms`]): its
+/// usage line and summary, after a header line, as `XINFO HELP` answers.
 pub fn quota_help(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
-    let mut lines = vec![RedisValue::SimpleStringStatic(
-        "QUOTA.<command> key [<arg> ...]. Commands are:",
-    )];
+    let mut lines = vec![RedisValue::SimpleStringStatic(HELP_HEADER)];
     for doc in COMMANDS {
-        lines.push(RedisValue::SimpleString(format!(
-            "{} -- {}",
-            doc.usage(),
-            doc.summary.to_string_lossy()
-        )));
+        for (usage, summary) in doc.forms() {
+            lines.push(RedisValue::SimpleString(format!(
+                "{usage} -- {}",
+                summary.to_string_lossy()
+            )));
+        }
     }
     Ok(RedisValue::Array(lines))
 }
@@ -935,6 +973,29 @@ mod tests {
             "QUOTA.MRESERVE numkeys key [key ...] amount [amount ...] [ID id] [TTL ttl_ms] \
              [KEEP keep] [AT unix_ms]"
         );
+    }
+
+    #[test]
+    fn help_shows_quota_set_as_its_two_forms() {
+        let forms = find(b"QUOTA.SET").unwrap().forms();
+        let usages: Vec<&str> = forms.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(
+            usages,
+            [
+                "QUOTA.SET key [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
+                 [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
+                 [TZ zone] [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] \
+                 [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] \
+                 [AT unix_ms]",
+                "QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] [NX|XX] \
+                 [AT unix_ms]",
+            ]
+        );
+        assert!(forms[1].1.to_str().unwrap().starts_with("a window key's"));
+        // Every other command has one form: its usage line.
+        for c in COMMANDS.iter().filter(|c| c.name != c"QUOTA.SET") {
+            assert_eq!(c.forms(), vec![(c.usage(), c.summary)]);
+        }
     }
 
     #[test]

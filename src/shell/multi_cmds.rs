@@ -36,6 +36,21 @@ use crate::shell::{clock, config, key_specs, stats, window_effects};
 /// Most keys one multi-key command names (`numkeys`).
 pub const MAX_KEYS: usize = 16;
 
+/// MRESERVE's `TTL` outside `1..=MAX_TTL_MS`: an argument error (no key named).
+const BAD_TTL: &str = "ERR TTL must be positive and at most 1000000000000000 ms";
+/// MEXTEND's `ttl_ms` outside `1..=MAX_TTL_MS`.
+const BAD_TTL_MS: &str = "ERR ttl_ms must be positive and at most 1000000000000000 ms";
+
+/// A TTL argument: `1..=`[`crate::core::ledger::MAX_TTL_MS`], else `error` (checked while
+/// parsing, so that it names no key).
+fn ttl_arg(ttl: i64, error: &'static str) -> Result<i64, RedisError> {
+    if (1..=crate::core::ledger::MAX_TTL_MS).contains(&ttl) {
+        Ok(ttl)
+    } else {
+        Err(RedisError::Str(error))
+    }
+}
+
 /// What each command needs after its keys (for [`key_specs::answer_key_positions`]): as its
 /// parser reads them.
 const MRESERVE: After = After {
@@ -79,9 +94,10 @@ type OpenedKeys<'a> = SmallVec<[Opened<'a>; 8]>;
 /// Each key's value after a command, in key order.
 type Values = SmallVec<[i64; 8]>;
 
-/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys, none listed twice, and at least
-/// the arguments `after` them left (else the arity error, before any key is read: with
-/// `numkeys` above the keys given, amounts would be read as keys).
+/// Parses `numkeys key [key ...]`: 1..=[`MAX_KEYS`] keys (checked first, as every M* command
+/// is opened with [`Args::new`]`(args, 1)`), none listed twice, and at least the arguments
+/// `after` them left (else the arity error, before any key is read: with `numkeys` above the
+/// keys given, amounts would be read as keys).
 fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Keys<'a>, RedisError> {
     let n = a.next_i64()?;
     let n = usize::try_from(n)
@@ -361,7 +377,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MRESERVE) {
         return Ok(RedisValue::NoReply);
     }
-    let mut a = Args::new(args, 3)?;
+    let mut a = Args::new(args, 1)?;
     let names = parse_keys(&mut a, MRESERVE)?;
     let mut amounts: SmallVec<[i64; MAX_KEYS]> = SmallVec::with_capacity(names.len());
     for _ in &names {
@@ -379,7 +395,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             check_id_arg(v)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
-            ttl = Some(a.next_positive("TTL")?);
+            ttl = Some(ttl_arg(a.next_i64()?, BAD_TTL)?);
         } else if t.eq_ignore_ascii_case(b"KEEP") {
             // One KEEP for every budget key; window keys ignore it.
             keep = Some(a.next_amount("KEEP")?);
@@ -516,7 +532,7 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MSETTLE) {
         return Ok(RedisValue::NoReply);
     }
-    let mut a = Args::new(args, 4)?;
+    let mut a = Args::new(args, 1)?;
     let names = parse_keys(&mut a, MSETTLE)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
@@ -553,7 +569,7 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MROLLBACK) {
         return Ok(RedisValue::NoReply);
     }
-    let mut a = Args::new(args, 3)?;
+    let mut a = Args::new(args, 1)?;
     let names = parse_keys(&mut a, MROLLBACK)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
@@ -576,14 +592,11 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if key_specs::answer_key_positions(ctx, args, MAX_KEYS, MEXTEND) {
         return Ok(RedisValue::NoReply);
     }
-    let mut a = Args::new(args, 4)?;
+    let mut a = Args::new(args, 1)?;
     let names = parse_keys(&mut a, MEXTEND)?;
     let id = a.next_bytes()?;
     check_id(id, config::MAX_ID_LENGTH_RANGE.1)?;
-    let ttl = a.next_i64_as("ttl_ms")?;
-    if ttl <= 0 {
-        return Err(RedisError::Str("ERR ttl_ms must be positive"));
-    }
+    let ttl = ttl_arg(a.next_i64_as("ttl_ms")?, BAD_TTL_MS)?;
     let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
@@ -605,4 +618,18 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
             })
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ttl_errors_spell_the_bound() {
+        let max = crate::core::ledger::MAX_TTL_MS;
+        for e in [super::BAD_TTL, super::BAD_TTL_MS] {
+            assert!(e.ends_with(&format!(" {max} ms")), "{e}");
+        }
+        assert!(super::ttl_arg(max, super::BAD_TTL).is_ok());
+        assert!(super::ttl_arg(max + 1, super::BAD_TTL).is_err());
+        assert!(super::ttl_arg(0, super::BAD_TTL_MS).is_err());
+    }
 }

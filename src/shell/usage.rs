@@ -396,7 +396,7 @@ pub fn write(
             None => entries.len(),
         })
         .unwrap_or(entries.len());
-    count(ctx, entries.len(), failed);
+    count(ctx, key, log, entries.len(), failed);
     marks
 }
 
@@ -511,19 +511,33 @@ pub fn rebuild(
             None => marks.len(),
         })
         .unwrap_or(marks.len());
-    count(ctx, marks.len(), failed);
+    count(ctx, key, log, marks.len(), failed);
 }
 
-/// Counts `n` entries of which `failed` failed (INFO), warning once per write if any did.
-fn count(ctx: &Context, n: usize, failed: usize) {
+/// Counts `n` entries of which `failed` failed (INFO), warning once per write if any did,
+/// naming the budget `key` and its stream (printable, escaped for the log).
+fn count(ctx: &Context, key: &RedisString, log: &UsageLog, n: usize, failed: usize) {
     stats::add(
         &stats::USAGE_ENTRIES,
         i64::try_from(n.saturating_sub(failed)).unwrap_or(0),
     );
     if failed > 0 {
         stats::add(&stats::USAGE_ERRORS, i64::try_from(failed).unwrap_or(0));
-        ctx.log_warning("quota: a usage stream entry could not be added");
+        ctx.log_warning(&crate::shell::log_safe(&stream_failure(
+            key.as_slice(),
+            &log.stream,
+        )));
     }
+}
+
+/// The log line for a write whose usage entries could not all be added: the budget key and
+/// the stream key, printable (non-printable bytes escaped).
+fn stream_failure(key: &[u8], stream: &[u8]) -> String {
+    format!(
+        "quota: a usage stream entry could not be added (budget '{}', stream '{}')",
+        crate::core::error::printable_id(key),
+        crate::core::error::printable_id(stream)
+    )
 }
 
 /// The entries of [`write`] (`given` None: ids picked here, marks pushed to `marks`) or of
@@ -1003,5 +1017,15 @@ mod tests {
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
         assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
         assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn a_failed_entry_is_logged_with_its_budget_and_stream_keys() {
+        let line = crate::shell::log_safe(&stream_failure(b"{t}:b%s", b"{t}:use\n\0'"));
+        assert_eq!(
+            line,
+            "quota: a usage stream entry could not be added (budget '{t}:b%%s', stream \
+             '{t}:use\\x0a\\x00\\x27')"
+        );
     }
 }

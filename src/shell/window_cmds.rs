@@ -222,7 +222,8 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// `QUOTA.SET key WINDOW limit window_ms [PRECISION ms] [NX|XX] [AT ms]` (the arguments after
 /// `WINDOW` in `args`) → 1 if created, 0 otherwise. Stores the configuration in a window key
 /// (created empty if missing); the counts are kept and follow the new precision and window as
-/// a call with them would. A configured key never expires. `WRONGTYPE` on a budget.
+/// a call with them would. A configured key never expires. `WRONGTYPE` on a budget; `WINDOW`
+/// given twice is an error.
 pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) -> RedisResult {
     let limit = args.next_i64()?;
     let window_ms = args.next_i64()?;
@@ -241,6 +242,12 @@ pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) 
             xx = true;
         } else if t.eq_ignore_ascii_case(b"AT") {
             at = Some(args.next_i64()?);
+        } else if t.eq_ignore_ascii_case(b"WINDOW") {
+            // An error, not last-wins: a second configuration in one call is a client bug.
+            return Err(RedisError::Str(
+                "ERR WINDOW is given twice: QUOTA.SET key WINDOW limit window_ms \
+                 [PRECISION ms] [NX|XX]",
+            ));
         } else if crate::shell::budget_cmds::is_budget_option(t) {
             return Err(crate::shell::budget_cmds::window_with_budget_option(
                 args, t, t,
