@@ -22,6 +22,29 @@ pub struct After {
     pub fixed: usize,
 }
 
+impl After {
+    /// `QUOTA.MRESERVE`: an amount per key.
+    pub const MRESERVE: After = After {
+        per_key: 1,
+        fixed: 0,
+    };
+    /// `QUOTA.MSETTLE`: the id, an actual per key.
+    pub const MSETTLE: After = After {
+        per_key: 1,
+        fixed: 1,
+    };
+    /// `QUOTA.MROLLBACK`: the id.
+    pub const MROLLBACK: After = After {
+        per_key: 0,
+        fixed: 1,
+    };
+    /// `QUOTA.MEXTEND`: the id and `ttl_ms`.
+    pub const MEXTEND: After = After {
+        per_key: 0,
+        fixed: 2,
+    };
+}
+
 /// If Redis is only asking for the command's key positions (`getkeys-api`), declares them —
 /// `numkeys` at argv[1], the keys after it — and returns true: the handler must then return
 /// without replying or doing anything else.
@@ -88,18 +111,9 @@ pub fn key_positions(
 mod tests {
     use super::{key_positions, After};
 
-    const MRESERVE: After = After {
-        per_key: 1,
-        fixed: 0,
-    };
-    const MSETTLE: After = After {
-        per_key: 1,
-        fixed: 1,
-    };
-    const MROLLBACK: After = After {
-        per_key: 0,
-        fixed: 1,
-    };
+    const MRESERVE: After = After::MRESERVE;
+    const MSETTLE: After = After::MSETTLE;
+    const MROLLBACK: After = After::MROLLBACK;
 
     #[test]
     fn keys_are_declared_only_when_argv_holds_them_and_what_follows() {

@@ -51,24 +51,12 @@ fn ttl_arg(ttl: i64, error: &'static str) -> Result<i64, RedisError> {
     }
 }
 
-/// What each command needs after its keys (for [`key_specs::answer_key_positions`]): as its
-/// parser reads them.
-const MRESERVE: After = After {
-    per_key: 1,
-    fixed: 0,
-};
-const MSETTLE: After = After {
-    per_key: 1,
-    fixed: 1,
-};
-const MROLLBACK: After = After {
-    per_key: 0,
-    fixed: 1,
-};
-const MEXTEND: After = After {
-    per_key: 0,
-    fixed: 2,
-};
+/// What each command needs after its keys (for [`key_specs::answer_key_positions`] and the
+/// arity check of [`parse_keys`]): as its parser reads them.
+const MRESERVE: After = After::MRESERVE;
+const MSETTLE: After = After::MSETTLE;
+const MROLLBACK: After = After::MROLLBACK;
+const MEXTEND: After = After::MEXTEND;
 
 /// What a key holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
