@@ -478,12 +478,18 @@ fn len_of(n: usize) -> std::os::raw::c_long {
 fn apply_outcomes(
     ctx: &Context,
     opened: &mut [Opened],
-    outcomes: &[KeyOutcome],
+    outcomes: Vec<KeyOutcome>,
     wall: i64,
 ) -> RedisResult {
-    let effects: SmallVec<[KeyEffects; 8]> = outcomes.iter().map(|(_, _, e)| e.clone()).collect();
+    // Moved apart, not cloned: the effects to apply, the status and amount to reply.
+    let mut rows: SmallVec<[(KeyStatus, i64); 8]> = SmallVec::with_capacity(outcomes.len());
+    let mut effects: SmallVec<[KeyEffects; 8]> = SmallVec::with_capacity(outcomes.len());
+    for (status, n, e) in outcomes {
+        rows.push((status, n));
+        effects.push(e);
+    }
     let values = apply_all(ctx, opened, &effects, wall)?;
-    for (status, _, _) in outcomes {
+    for (status, _) in &rows {
         match status {
             KeyStatus::Settled | KeyStatus::Corrected => stats::bump(&stats::MSETTLED),
             KeyStatus::Late => stats::bump(&stats::MSETTLED_LATE),
@@ -491,8 +497,8 @@ fn apply_outcomes(
             _ => {}
         }
     }
-    raw::reply_with_array(ctx.ctx, len_of(outcomes.len()));
-    for ((status, n, _), v) in outcomes.iter().zip(values) {
+    raw::reply_with_array(ctx.ctx, len_of(rows.len()));
+    for ((status, n), v) in rows.iter().zip(values) {
         raw::reply_with_array(ctx.ctx, 3);
         raw::reply_with_simple_string(ctx.ctx, status_word(*status).as_ptr());
         raw::reply_with_long_long(ctx.ctx, *n);
@@ -549,7 +555,7 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
         check_streams(ctx, &names, limits, outcomes.iter().map(|(_, _, e)| e))?;
         Ok(outcomes)
     })?;
-    apply_outcomes(ctx, &mut opened, &outcomes, wall)
+    apply_outcomes(ctx, &mut opened, outcomes, wall)
 }
 
 /// `QUOTA.MROLLBACK numkeys key [key ...] id [AT ms]` → one `[status, released, value]` per key.
@@ -571,7 +577,7 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
         check_streams(ctx, &names, limits, outcomes.iter().map(|(_, _, e)| e))?;
         Ok(outcomes)
     })?;
-    apply_outcomes(ctx, &mut opened, &outcomes, wall)
+    apply_outcomes(ctx, &mut opened, outcomes, wall)
 }
 
 /// `QUOTA.MEXTEND numkeys key [key ...] id ttl_ms [AT ms]` → one reply per key: a budget's
