@@ -1,7 +1,10 @@
 //! `quota-export run`: consume usage streams with a consumer group and store each entry once.
 //!
 //! Order of work, so that a crash at any point loses nothing and counts nothing twice:
-//! 1. `XGROUP CREATE stream group 0 MKSTREAM` (an existing group is kept);
+//! 1. `XGROUP CREATE stream group 0 MKSTREAM ENTRIESREAD 0` (an existing group is kept):
+//!    with a valid read counter from the start, Redis' `entries-read` counts exactly the
+//!    entries the group read, so entries trimmed before its first read show as lag for good
+//!    (without `ENTRIESREAD`, Redis estimates the counter at the first read and hides them);
 //! 2. this consumer's own pending entries first (`XREADGROUP ... STREAMS s 0`): what it had
 //!    read before a crash but not acknowledged;
 //! 3. then in a loop: `XAUTOCLAIM` of entries another consumer left pending for longer than
@@ -9,14 +12,15 @@
 //! 4. each batch: one database transaction (`ON CONFLICT DO NOTHING`), commit, then `XACK`.
 //!
 //! A malformed entry is stored in `quota_usage_rejects`, logged, counted and acknowledged:
-//! it never stops the exporter.
+//! it never stops the exporter. So is an entry deleted while pending (reason
+//! [`DELETED_WHILE_PENDING`]), for `reconcile` to count as lost.
 
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use redis::Value;
 
-use crate::db::Db;
+use crate::db::{redact, Db, DELETED_WHILE_PENDING};
 use crate::entry::{self, Malformed, RawEntry, Row};
 use crate::metrics::Shared;
 use crate::Error;
@@ -46,8 +50,7 @@ struct Consumer {
 
 /// Runs until killed, or with `--once` until every stream is caught up.
 pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
-    let client = redis::Client::open(opts.redis.as_str())?;
-    let con = client.get_connection()?;
+    let con = connect(&opts.redis)?;
     let db = Db::open(&opts.db)?;
     let progress = ProgressBar::new_spinner();
     progress.set_style(
@@ -94,14 +97,28 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
 impl Consumer {
     fn create_groups(&mut self) -> Result<(), Error> {
         for s in &self.opts.streams {
+            let existed: bool = redis::cmd("EXISTS")
+                .arg(s)
+                .query(&mut self.con)
+                .map_err(|e| stream_error(s, &e))?;
             let r: redis::RedisResult<Value> = redis::cmd("XGROUP")
                 .arg("CREATE")
                 .arg(s)
                 .arg(&self.opts.group)
                 .arg("0")
                 .arg("MKSTREAM")
+                .arg("ENTRIESREAD")
+                .arg(0)
                 .query(&mut self.con);
             match r {
+                Ok(_) if !existed => eprintln!(
+                    "quota-export: warning: stream {s} did not exist in {}: created it empty, \
+                     with group {:?}. If no budget logs to it yet that is fine; otherwise check \
+                     --stream and the database number in --redis (QUOTA.INFO <budget key> shows \
+                     the budget's stream)",
+                    redact(&self.opts.redis),
+                    self.opts.group
+                ),
                 Ok(_) => {}
                 Err(e) if e.code() == Some("BUSYGROUP") => {}
                 Err(e) => return Err(stream_error(s, &e).into()),
@@ -169,6 +186,12 @@ impl Consumer {
                 // Entries deleted while pending (trimmed): Redis drops them from the PEL.
                 if let Some(Value::Array(deleted)) = parts.get(2) {
                     if !deleted.is_empty() {
+                        let ids: Vec<Malformed> = deleted
+                            .iter()
+                            .filter_map(entry::text_of)
+                            .map(|id| deleted_entry(&s, id))
+                            .collect();
+                        self.db.store(&[], &ids)?;
                         eprintln!(
                             "quota-export: {s}: {} pending entries were deleted (trimmed) before export",
                             deleted.len()
@@ -224,7 +247,10 @@ impl Consumer {
         let mut lost = 0;
         for e in &entries {
             match &e.fields {
-                None => lost += 1,
+                None => {
+                    lost += 1;
+                    rejects.push(deleted_entry(stream, e.id.clone()));
+                }
                 Some(fields) => match entry::parse_row(stream, &e.id, fields) {
                     Ok(r) => rows.push(r),
                     Err(m) => {
@@ -249,8 +275,9 @@ impl Consumer {
         self.exported += inserted.len() as u64;
         if let Ok(mut m) = self.metrics.lock() {
             m.stored(&inserted);
-            if !rejects.is_empty() {
-                *m.malformed.entry(stream.to_string()).or_default() += rejects.len() as u64;
+            let malformed = rejects.len().saturating_sub(lost);
+            if malformed > 0 {
+                *m.malformed.entry(stream.to_string()).or_default() += malformed as u64;
             }
         }
         if lost > 0 {
@@ -343,6 +370,22 @@ pub struct GroupInfo {
     pub lag: Option<i64>,
     /// Entries the group has read since the stream began (`None`: unknown).
     pub entries_read: Option<i64>,
+}
+
+/// The reject row recording that entry `id` of `stream` was deleted while pending.
+fn deleted_entry(stream: &str, id: String) -> Malformed {
+    Malformed {
+        stream: stream.to_string(),
+        entry_id: id,
+        reason: DELETED_WHILE_PENDING.to_string(),
+    }
+}
+
+/// A connection to `url`; an error names the (password-redacted) URL.
+pub fn connect(url: &str) -> Result<redis::Connection, Error> {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| format!("redis {}: {e}", redact(url)).into())
 }
 
 /// A Redis error about one stream, readable: names the stream and, for `WRONGTYPE`, says

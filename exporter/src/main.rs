@@ -9,6 +9,7 @@ mod reconcile;
 
 use std::process::ExitCode;
 
+use clap::builder::NonEmptyStringValueParser;
 use clap::{Parser, Subcommand};
 
 /// Any error, reported on stderr with a non-zero exit.
@@ -30,19 +31,19 @@ enum Command {
     /// Consume usage streams with a consumer group and store each entry once (ack after commit).
     Run {
         /// Redis URL, e.g. redis://127.0.0.1:6379/0
-        #[arg(long)]
+        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         redis: String,
         /// Database: a SQLite file path (the default kind) or postgres://user@host/db
-        #[arg(long)]
+        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         db: String,
         /// Usage stream key (repeat for several)
-        #[arg(long = "stream", required = true)]
+        #[arg(long = "stream", required = true, value_parser = NonEmptyStringValueParser::new())]
         streams: Vec<String>,
         /// Consumer group name (created at the start of the stream if missing)
-        #[arg(long, default_value = "quota-export")]
+        #[arg(long, default_value = "quota-export", value_parser = NonEmptyStringValueParser::new())]
         group: String,
         /// Consumer name: keep it stable across restarts (a restarted consumer first takes back its own pending entries)
-        #[arg(long)]
+        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         consumer: Option<String>,
         /// Exit when caught up (nothing new, nothing claimable)
         #[arg(long)]
@@ -54,8 +55,8 @@ enum Command {
         #[arg(long, default_value_t = 60_000)]
         claim_idle_ms: u64,
         /// Entries per read and per database transaction
-        #[arg(long, default_value_t = 500)]
-        batch: usize,
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch: u32,
         /// How long one read waits for new entries (ms)
         #[arg(long, default_value_t = 1_000)]
         block_ms: u64,
@@ -64,13 +65,13 @@ enum Command {
     /// adjustments in the current period against QUOTA.INFO used. Exits 1 on any mismatch.
     Reconcile {
         /// Redis URL
-        #[arg(long)]
+        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         redis: String,
         /// Database: a SQLite file path or postgres://...
-        #[arg(long)]
+        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         db: String,
         /// Consumer group whose progress is checked (trimmed entries, lag)
-        #[arg(long, default_value = "quota-export")]
+        #[arg(long, default_value = "quota-export", value_parser = NonEmptyStringValueParser::new())]
         group: String,
     },
 }
@@ -116,7 +117,7 @@ fn main() -> ExitCode {
                             consumer: consumer
                                 .unwrap_or_else(|| format!("quota-export@{}", hostname())),
                             once,
-                            batch: batch.max(1),
+                            batch: usize::try_from(batch).unwrap_or(500),
                             block_ms,
                             claim_idle_ms,
                         },

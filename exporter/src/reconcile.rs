@@ -1,6 +1,8 @@
 //! `quota-export reconcile`: for each budget key in the database, the sum of `charged` in the
 //! current period against `QUOTA.INFO`'s `used`; and for each stream, whether entries were
-//! trimmed before the group read them (lost before export) or are still waiting.
+//! lost before export or are still waiting. Two kinds of loss: entries trimmed before the
+//! group read them (Redis' counters: entries added − read − still unread), and entries
+//! deleted while pending (recorded by `run` in `quota_usage_rejects`).
 //!
 //! Verdict (exit status): 0 only when at least one budget key of the database was compared
 //! and every compared key matched, with nothing lost; 1 on a mismatch, on entries lost
@@ -10,8 +12,8 @@
 
 use redis::Value;
 
-use crate::consumer::{group_info, pairs, GroupInfo};
-use crate::db::Db;
+use crate::consumer::{connect, group_info, pairs, GroupInfo};
+use crate::db::{redact, Db};
 use crate::entry::{self, parse_stream_id};
 use crate::Error;
 
@@ -55,7 +57,23 @@ enum StreamState {
         trim: Trim,
         /// Entries after the group's position still in the stream (not read yet).
         unread: i64,
+        /// Entries read by the group but deleted before `run` stored them (its record in
+        /// `quota_usage_rejects`).
+        deleted_pending: i64,
     },
+}
+
+impl StreamState {
+    /// Did this stream lose entries before export (either kind)?
+    fn lost(&self) -> bool {
+        matches!(
+            self,
+            StreamState::Checked {
+                trim: Trim::Lost(_),
+                ..
+            }
+        ) || matches!(self, StreamState::Checked { deleted_pending, .. } if *deleted_pending > 0)
+    }
 }
 
 /// Entries of `stream` with an id after `after` (counted in pages, so a long backlog costs
@@ -84,6 +102,7 @@ fn count_after(con: &mut redis::Connection, stream: &str, after: &str) -> Result
 
 fn check_stream(
     con: &mut redis::Connection,
+    db: &mut Db,
     s: &str,
     group: &str,
     replica: bool,
@@ -154,10 +173,20 @@ fn check_stream(
             )
         }),
     };
+    // A replica's copy of the group's counters can lag its master's (a resync, a read not
+    // replicated yet): a loss seen there is not certain.
+    let trim = match trim {
+        Trim::Lost(_) if replica => Trim::Unknown(format!(
+            "this server is a replica: its copy of group {group:?}'s counters can lag the \
+             master's, so the loss they suggest is not certain; run reconcile against the master"
+        )),
+        t => t,
+    };
     Ok(StreamState::Checked {
         group: g,
         trim,
         unread,
+        deleted_pending: db.deleted_while_pending(s)?,
     })
 }
 
@@ -184,12 +213,13 @@ fn is_replica(con: &mut redis::Connection) -> bool {
 /// lost (see the module docs for the exact rule).
 pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, Error> {
     let mut db = Db::open_existing(db_target)?;
-    let mut con = redis::Client::open(redis_url)?.get_connection()?;
+    let mut con = connect(redis_url)?;
     let replica = is_replica(&mut con);
     if replica {
         println!(
-            "note: {redis_url} is a replica: reconcile (like run) belongs on the master \
-             (a Redis 7.0 replica does not keep the group's entries-read)"
+            "note: {} is a replica: reconcile (like run) belongs on the master \
+             (a Redis 7.0 replica does not keep the group's entries-read)",
+            redact(redis_url)
         );
     }
     let pairs_in_db = db.keys()?;
@@ -227,14 +257,21 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
             streams.push(s);
         }
         l.used = int("used");
-        l.period_start = int("period_start_ms").unwrap_or(-1);
+        // A key gone from Redis: its latest period in the database.
+        l.period_start = match l.used {
+            Some(_) => int("period_start_ms").unwrap_or(-1),
+            None => db.latest_period(&l.key)?,
+        };
         l.db_sum = db.charged(&l.key, l.period_start)?;
     }
     streams.sort();
     streams.dedup();
     let mut states = Vec::new();
     for s in &streams {
-        states.push((s.clone(), check_stream(&mut con, s, group, replica)?));
+        states.push((
+            s.clone(),
+            check_stream(&mut con, &mut db, s, group, replica)?,
+        ));
     }
     let state_of = |s: &String| states.iter().find(|(n, _)| n == s).map(|(_, st)| st);
 
@@ -245,6 +282,8 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
     );
     let mut ok = true;
     let mut compared = 0usize;
+    // Mismatched keys no stream state explains.
+    let mut unexplained = 0usize;
     for l in &lines {
         let (used, diff, status) = match l.used {
             Some(u) => {
@@ -254,10 +293,9 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                 } else {
                     // Say why when a stream of this key tells.
                     let why = l.streams.iter().find_map(|s| match state_of(s) {
-                        Some(StreamState::Checked {
-                            trim: Trim::Lost(_),
-                            ..
-                        }) => Some(format!(" (entries trimmed from {s} before export)")),
+                        Some(st) if st.lost() => {
+                            Some(format!(" (entries trimmed from {s} before export)"))
+                        }
                         Some(StreamState::Checked {
                             trim: Trim::Unknown(_),
                             ..
@@ -268,8 +306,13 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                             Some(format!(" (entries of {s} not exported yet)"))
                         }
                         Some(StreamState::Missing) => Some(format!(" (stream {s} missing)")),
+                        Some(StreamState::NoGroup) => Some(format!(" (no group {group:?} on {s})")),
+                        Some(StreamState::WrongType(_)) => Some(format!(" ({s} is not a stream)")),
                         _ => None,
                     });
+                    if why.is_none() {
+                        unexplained += 1;
+                    }
                     format!("MISMATCH{}", why.unwrap_or_default())
                 };
                 (
@@ -293,23 +336,32 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
 
     let mut waiting = false;
     let mut lost = false;
+    let mut no_group = 0usize;
+    let mut wrong_type = 0usize;
+    let mut unchecked = false;
     for (s, st) in &states {
         match st {
-            StreamState::Missing => println!("stream {s}: missing in Redis"),
+            StreamState::Missing => println!(
+                "stream {s}: missing in Redis (deleted, or --redis names another server or \
+                 database number)"
+            ),
             StreamState::WrongType(t) => {
                 println!("stream {s}: the key holds a {t}, not a stream");
+                wrong_type += 1;
                 ok = false;
             }
             StreamState::NoGroup => {
                 println!(
                     "stream {s}: no consumer group {group:?}: nothing of it was exported by that group"
                 );
+                no_group += 1;
                 ok = false;
             }
             StreamState::Checked {
                 group: g,
                 trim,
                 unread,
+                deleted_pending,
             } => {
                 match trim {
                     Trim::None => {}
@@ -327,7 +379,18 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                     }
                     Trim::Unknown(why) => {
                         println!("stream {s}: trim check not possible: {why}");
+                        unchecked = true;
                     }
+                }
+                if *deleted_pending > 0 {
+                    println!(
+                        "stream {s}: DELETED WHILE PENDING: {deleted_pending} entries were read \
+                         by group {group:?} but deleted from the stream (STREAMMAXLEN, XDEL) \
+                         before they were stored (recorded in quota_usage_rejects): lost \
+                         before export"
+                    );
+                    lost = true;
+                    ok = false;
                 }
                 if *unread != 0 || g.pending != 0 {
                     waiting = true;
@@ -340,21 +403,11 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
             }
         }
     }
-    let unchecked = if states.iter().any(|(_, st)| {
-        matches!(
-            st,
-            StreamState::Checked {
-                trim: Trim::Unknown(_),
-                ..
-            }
-        )
-    }) {
-        "; whether entries were trimmed could not be checked, see above"
-    } else {
-        ""
-    };
-    let (rows, rejects) = db.counts()?;
-    println!("database: {rows} usage rows, {rejects} malformed entries skipped");
+    let (rows, malformed, deleted) = db.counts()?;
+    println!(
+        "database: {rows} usage rows, {malformed} malformed entries skipped, {deleted} entries \
+         deleted while pending"
+    );
     if rows == 0 {
         println!(
             "reconcile: FAILED (nothing to compare: the database has no usage rows; \
@@ -370,24 +423,53 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
         );
         return Ok(false);
     }
+    let unchecked_note =
+        "whether entries were trimmed before export could not be checked, see above";
     if ok {
-        println!("reconcile: OK");
-    } else if lost {
-        println!(
-            "reconcile: FAILED (entries were trimmed from the stream before export: lost, \
-             the database cannot match Redis{})",
-            if waiting {
-                "; some entries are also not exported yet"
-            } else {
-                ""
-            }
-        );
-    } else if waiting {
-        println!("reconcile: FAILED (some entries are not exported yet{unchecked})");
-    } else if !unchecked.is_empty() {
-        println!("reconcile: FAILED ({})", unchecked.trim_start_matches("; "));
-    } else {
-        println!("reconcile: FAILED");
+        if unchecked {
+            println!("reconcile: OK (every budget matches; {unchecked_note})");
+        } else {
+            println!("reconcile: OK");
+        }
+        return Ok(true);
     }
-    Ok(ok)
+    let mut reasons: Vec<String> = Vec::new();
+    if lost {
+        reasons.push(
+            "entries were trimmed from the stream before export: lost, the database cannot \
+             match Redis"
+                .into(),
+        );
+    }
+    if waiting {
+        reasons.push(if lost {
+            "some entries are also not exported yet".into()
+        } else {
+            "some entries are not exported yet".into()
+        });
+    }
+    if no_group > 0 {
+        reasons.push(format!(
+            "no consumer group {group:?} on {no_group} stream(s): is --group the group \
+             `quota-export run` uses?"
+        ));
+    }
+    if wrong_type > 0 {
+        reasons.push(format!("{wrong_type} stream key(s) hold another type"));
+    }
+    if unexplained > 0 {
+        reasons.push(format!(
+            "{unexplained} budget key(s) do not match and no backlog or loss seen explains \
+             it: charged before their STREAM was set, a loss acknowledged with XGROUP SETID, \
+             or rows written to another database?"
+        ));
+    }
+    if unchecked {
+        reasons.push(unchecked_note.into());
+    }
+    if reasons.is_empty() {
+        reasons.push("budget keys do not match, see the table".into());
+    }
+    println!("reconcile: FAILED ({})", reasons.join("; "));
+    Ok(false)
 }

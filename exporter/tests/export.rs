@@ -749,7 +749,12 @@ fn reconcile_names_the_trim_before_and_after_catching_up() {
     let (code, out, _) = reconcile_out(&redis, db);
     assert_eq!(code, Some(1), "{out}");
     assert!(!out.contains("TRIMMED"), "{out}");
-    assert_eq!(last_line(&out), "reconcile: FAILED", "{out}");
+    assert!(
+        last_line(&out).starts_with(
+            "reconcile: FAILED (1 budget key(s) do not match and no backlog or loss seen"
+        ),
+        "{out}"
+    );
 }
 
 /// A wrong `--db` is an error, never an empty database that matches: a missing SQLite file
@@ -826,6 +831,14 @@ fn reconcile_against_the_wrong_redis_database_is_not_ok() {
     let (code, out, _) = reconcile_out(&redis, db);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("gone (no budget at this key)"), "{out}");
+    // The gone key's line shows what the database holds of it (its latest period).
+    let gone: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("{a}:b1 "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(&gone[..5], ["{a}:b1", "-1", "3", "-", "-"], "{out}");
     assert_eq!(last_line(&out), "reconcile: OK", "{out}");
     ok(&mut c, &["DEL", "{a}:b2"]);
     let (code, out, _) = reconcile_out(&redis, db);
@@ -912,22 +925,27 @@ fn reconcile_on_a_replica_says_why_the_trim_check_cannot_be_made() {
     let (code, out, _) = reconcile_out(&on_replica, db);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("is a replica"), "{out}");
+    // Never a definite loss from a replica: its counters can lag the master's.
+    assert!(!out.contains("TRIMMED PAST THE GROUP"), "{out}");
+    assert!(
+        out.contains("stream {r}:u: trim check not possible: "),
+        "{out}"
+    );
     if known {
-        assert!(out.contains("TRIMMED PAST THE GROUP"), "{out}");
+        assert!(out.contains("counters can lag the master's"), "{out}");
     } else {
-        assert!(
-            out.contains(
-                "stream {r}:u: trim check not possible: XINFO GROUPS gives no entries-read"
-            ),
-            "{out}"
-        );
+        assert!(out.contains("XINFO GROUPS gives no entries-read"), "{out}");
         assert!(out.contains("replicas do not keep it"), "{out}");
-        assert!(
-            out.contains("MISMATCH (trim check of {r}:u not possible, see below)")
-                && last_line(&out).contains("trimmed could not be checked"),
-            "{out}"
-        );
     }
+    assert!(
+        out.contains("MISMATCH (trim check of {r}:u not possible, see below)")
+            && last_line(&out).contains("trimmed before export could not be checked"),
+        "{out}"
+    );
+    // The master names the loss.
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("TRIMMED PAST THE GROUP"), "{out}");
 }
 
 /// `run --stream` on a key of another type: a readable error naming the stream.
@@ -946,4 +964,313 @@ fn run_names_a_stream_key_of_another_type() {
         "{err}"
     );
     assert!(!err.contains("\"WRONGTYPE\""), "{err}");
+}
+
+/// `quota-export reconcile` with extra arguments: (exit status, stdout, stderr).
+fn reconcile_with(redis: &str, db: &str, extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", redis, "--db", db])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The new-user reproduction: the exporter's group is created on a stream that does not
+/// exist yet, the stream is then trimmed before the group's first read, and the exporter
+/// catches up. The group is created with `ENTRIESREAD 0`, so Redis counts its reads
+/// exactly and reconcile names the loss after catching up (Redis estimates the counter of a
+/// group created without it, and would hide the loss). The same when the exporter first
+/// starts on a stream already trimmed.
+#[test]
+fn reconcile_names_a_trim_before_the_groups_first_read() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    for (b, u) in [("{tr}:b", "{tr}:u"), ("{old}:b", "{old}:u")] {
+        ok(
+            &mut c,
+            &[
+                "QUOTA.SET",
+                b,
+                "LIMIT",
+                "100000000",
+                "STREAM",
+                u,
+                "STREAMMAXLEN",
+                "10",
+            ],
+        );
+    }
+    // The group on a stream that does not exist yet: created empty, with a warning.
+    let (code, err) = run_once(&redis, db, &["{tr}:u"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("warning: stream {tr}:u did not exist") && err.contains("--stream"),
+        "{err}"
+    );
+    for _ in 0..400 {
+        ok(&mut c, &["QUOTA.CHARGE", "{tr}:b", "1"]);
+        ok(&mut c, &["QUOTA.CHARGE", "{old}:b", "1"]);
+    }
+    let kept_tr = int(&ok(&mut c, &["XLEN", "{tr}:u"]));
+    let kept_old = int(&ok(&mut c, &["XLEN", "{old}:u"]));
+    assert!(kept_tr < 400 && kept_old < 400, "{kept_tr} {kept_old}");
+    let (code, err) = run_once(&redis, db, &["{tr}:u", "{old}:u"]);
+    assert_eq!(code, Some(0), "{err}");
+    // An existing stream: no warning.
+    assert!(!err.contains("{old}:u did not exist"), "{err}");
+
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    for (u, kept) in [("{tr}:u", kept_tr), ("{old}:u", kept_old)] {
+        assert!(
+            out.contains(&format!(
+                "stream {u}: TRIMMED PAST THE GROUP: {} entries",
+                400 - kept
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "MISMATCH (entries trimmed from {u} before export)"
+            )),
+            "{out}"
+        );
+    }
+    assert!(!out.contains("not yet exported"), "{out}");
+    assert!(
+        last_line(&out).contains("trimmed from the stream before export"),
+        "{out}"
+    );
+}
+
+/// Entries read by the group but trimmed before they were stored (a consumer's own pending
+/// entries read again at start, and another consumer's taken over with XAUTOCLAIM) are
+/// recorded in quota_usage_rejects, and reconcile counts them as lost: with the entries
+/// trimmed unread, the database and the losses add up to `used`.
+#[test]
+fn reconcile_counts_entries_deleted_while_pending() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{p}:b",
+            "LIMIT",
+            "100000000",
+            "STREAM",
+            "{p}:u",
+            "STREAMMAXLEN",
+            "10",
+        ],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{p}:b", "1"]);
+    assert_eq!(run_once(&redis, db, &["{p}:u"]).0, Some(0));
+    for _ in 0..5 {
+        ok(&mut c, &["QUOTA.CHARGE", "{p}:b", "1"]);
+    }
+    // c1 reads 3 and c2 reads 2, neither stores them; then they are trimmed.
+    for (consumer, n) in [("c1", "3"), ("c2", "2")] {
+        let _ = ok(
+            &mut c,
+            &[
+                "XREADGROUP",
+                "GROUP",
+                "quota-export",
+                consumer,
+                "COUNT",
+                n,
+                "STREAMS",
+                "{p}:u",
+                ">",
+            ],
+        );
+    }
+    for _ in 0..400 {
+        ok(&mut c, &["QUOTA.CHARGE", "{p}:b", "1"]);
+    }
+    let kept = int(&ok(&mut c, &["XLEN", "{p}:u"]));
+    let out = Command::new(EXPORTER)
+        .args(["run", "--redis", &redis, "--db", db, "--once"])
+        .args([
+            "--stream",
+            "{p}:u",
+            "--consumer",
+            "c1",
+            "--claim-idle-ms",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("deleted (trimmed) before export"), "{err}");
+
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {p}:u: DELETED WHILE PENDING: 5 entries were read"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "stream {{p}}:u: TRIMMED PAST THE GROUP: {} entries",
+            400 - kept
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "database: {} usage rows, 0 malformed entries skipped, 5 entries deleted while pending",
+            1 + kept
+        )),
+        "{out}"
+    );
+    // 1 + kept stored, 5 lost pending, 400 - kept lost unread: 406 charged in all.
+    let info = items(&ok(&mut c, &["QUOTA.INFO", "{p}:b"]));
+    let used = info
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"used"))
+        .map(|i| int(&info[i + 1]))
+        .unwrap();
+    assert_eq!(used, 406);
+    assert!(
+        out.contains("MISMATCH (entries trimmed from {p}:u before export)"),
+        "{out}"
+    );
+}
+
+/// All matching, but the trim check impossible (the group's read counter reset by `XGROUP
+/// SETID` without `ENTRIESREAD`): the closing line is OK and says what could not be checked.
+/// A wrong `--group` says so on the closing line.
+#[test]
+fn reconcile_ok_names_what_it_could_not_check() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    ok(
+        &mut c,
+        &["QUOTA.SET", "{k}:b", "LIMIT", "100", "STREAM", "{k}:u"],
+    );
+    ok(&mut c, &["QUOTA.CHARGE", "{k}:b", "7"]);
+    assert_eq!(run_once(&redis, db, &["{k}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
+
+    ok(&mut c, &["XGROUP", "SETID", "{k}:u", "quota-export", "$"]);
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("stream {k}:u: trim check not possible"),
+        "{out}"
+    );
+    assert_eq!(
+        last_line(&out),
+        "reconcile: OK (every budget matches; whether entries were trimmed before export \
+         could not be checked, see above)",
+        "{out}"
+    );
+
+    let (code, out, _) = reconcile_with(&redis, db, &["--group", "nogroup"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        last_line(&out).contains("no consumer group \"nogroup\" on 1 stream(s)"),
+        "{out}"
+    );
+}
+
+/// Bad command lines and targets: empty names and a zero batch are refused before anything
+/// is created; a directory, a file that is not SQLite, an unreachable Redis or PostgreSQL
+/// give errors naming the target, with the password hidden.
+#[test]
+fn run_and_reconcile_name_bad_arguments_and_targets() {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("u.db");
+    let db = db.to_str().unwrap();
+    for bad in [
+        &["--stream", ""][..],
+        &["--stream", "{x}:u", "--group", ""],
+        &["--stream", "{x}:u", "--consumer", ""],
+        &["--stream", "{x}:u", "--batch", "0"],
+        &["--stream", "{x}:u", "--batch", "-1"],
+    ] {
+        let out = Command::new(EXPORTER)
+            .args(["run", "--redis", &redis, "--db", db, "--once"])
+            .args(bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(
+            err.contains("invalid value")
+                || err.contains("a value is required")
+                || err.contains("unexpected argument"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "{x}:u", ""])), 0);
+    assert!(!Path::new(db).exists());
+
+    let dir = server.dir.to_str().unwrap();
+    let (code, err) = run_once(&redis, dir, &["{x}:u"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("database {dir}: is a directory")),
+        "{err}"
+    );
+    let (code, _, err) = reconcile_out(&redis, dir);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("database {dir}: is a directory")),
+        "{err}"
+    );
+
+    let junk = server.dir.join("junk.db");
+    std::fs::write(&junk, b"this is not a database, just some bytes in a file").unwrap();
+    let junk = junk.to_str().unwrap();
+    let (code, _, err) = reconcile_out(&redis, junk);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&format!("database {junk}: ")), "{err}");
+    let (code, err) = run_once(&redis, junk, &["{x}:u"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&format!("database {junk}: ")), "{err}");
+
+    let closed = free_addr();
+    let unreachable = format!("redis://u:secret@{closed}/");
+    let (code, err) = run_once(&unreachable, db, &["{x}:u"]);
+    assert_eq!(code, Some(2), "{err}");
+    let named = format!("redis redis://u:***@{closed}/: ");
+    assert!(err.contains(&named) && !err.contains("secret"), "{err}");
+    assert_eq!(run_once(&redis, db, &["{x}:u"]).0, Some(0));
+    let (code, _, err) = reconcile_out(&unreachable, db);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&named) && !err.contains("secret"), "{err}");
+    let pg = format!("postgres://u:secret@{closed}/x");
+    let (code, _, err) = reconcile_out(&redis, &pg);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "database postgres://u:***@{closed}/x: error connecting"
+        )) && !err.contains("secret"),
+        "{err}"
+    );
 }
