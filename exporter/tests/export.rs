@@ -594,15 +594,40 @@ fn reconcile_says_when_the_stream_was_trimmed_past_the_group() {
 
 /// `quota-export reconcile` against `redis`, `db`: (exit status, stdout, stderr).
 fn reconcile_out(redis: &str, db: &str) -> (Option<i32>, String, String) {
-    let out = Command::new(EXPORTER)
-        .args(["reconcile", "--redis", redis, "--db", db])
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    reconcile_with(redis, db, &[])
+}
+
+/// A server with the module for one test, its URL, and a SQLite path in its temp dir (not
+/// created).
+fn server_and_db() -> (Server, String, String) {
+    use_module();
+    let server = Server::start(&[]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let db = server.dir.join("u.db").to_str().unwrap().to_string();
+    (server, redis, db)
+}
+
+/// `QUOTA.SET budget LIMIT limit STREAM stream STREAMMAXLEN maxlen`.
+fn budget_logging_to(
+    c: &mut redis::Connection,
+    budget: &str,
+    limit: &str,
+    stream: &str,
+    maxlen: &str,
+) {
+    ok(
+        c,
+        &[
+            "QUOTA.SET",
+            budget,
+            "LIMIT",
+            limit,
+            "STREAM",
+            stream,
+            "STREAMMAXLEN",
+            maxlen,
+        ],
+    );
 }
 
 /// `quota-export run --once` of `streams`: (exit status, stderr).
@@ -628,25 +653,10 @@ fn last_line(text: &str) -> &str {
 /// Redis' own lag still counts the trimmed entries and exporting again cannot help.
 #[test]
 fn reconcile_names_the_trim_before_and_after_catching_up() {
-    use_module();
-    let server = Server::start(&[]);
-    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
     let mut c = server.conn();
-    let db = server.dir.join("trim.db");
-    let db = db.to_str().unwrap();
-    ok(
-        &mut c,
-        &[
-            "QUOTA.SET",
-            "{tr}:b",
-            "LIMIT",
-            "100000",
-            "STREAM",
-            "{tr}:u",
-            "STREAMMAXLEN",
-            "10",
-        ],
-    );
+    budget_logging_to(&mut c, "{tr}:b", "100000", "{tr}:u", "10");
     ok(&mut c, &["QUOTA.CHARGE", "{tr}:b", "1"]);
     assert_eq!(run_once(&redis, db, &["{tr}:u"]).0, Some(0));
     for _ in 0..400 {
@@ -799,12 +809,9 @@ fn reconcile_refuses_a_missing_or_empty_sqlite_database() {
 /// (status 1); with some budgets present, one deleted since is still not a mismatch.
 #[test]
 fn reconcile_against_the_wrong_redis_database_is_not_ok() {
-    use_module();
-    let server = Server::start(&[]);
-    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
     let mut c = server.conn();
-    let db = server.dir.join("u.db");
-    let db = db.to_str().unwrap();
     for key in ["{a}:b1", "{a}:b2"] {
         ok(
             &mut c,
@@ -888,19 +895,7 @@ fn reconcile_on_a_replica_says_why_the_trim_check_cannot_be_made() {
     let mut c = master.conn();
     let db = master.dir.join("u.db");
     let db = db.to_str().unwrap();
-    ok(
-        &mut c,
-        &[
-            "QUOTA.SET",
-            "{r}:b",
-            "LIMIT",
-            "100000",
-            "STREAM",
-            "{r}:u",
-            "STREAMMAXLEN",
-            "10",
-        ],
-    );
+    budget_logging_to(&mut c, "{r}:b", "100000", "{r}:u", "10");
     ok(&mut c, &["QUOTA.CHARGE", "{r}:b", "1"]);
     assert_eq!(run_once(&redis, db, &["{r}:u"]).0, Some(0));
     for _ in 0..400 {
@@ -988,26 +983,11 @@ fn reconcile_with(redis: &str, db: &str, extra: &[&str]) -> (Option<i32>, String
 /// starts on a stream already trimmed.
 #[test]
 fn reconcile_names_a_trim_before_the_groups_first_read() {
-    use_module();
-    let server = Server::start(&[]);
-    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
     let mut c = server.conn();
-    let db = server.dir.join("u.db");
-    let db = db.to_str().unwrap();
     for (b, u) in [("{tr}:b", "{tr}:u"), ("{old}:b", "{old}:u")] {
-        ok(
-            &mut c,
-            &[
-                "QUOTA.SET",
-                b,
-                "LIMIT",
-                "100000000",
-                "STREAM",
-                u,
-                "STREAMMAXLEN",
-                "10",
-            ],
-        );
+        budget_logging_to(&mut c, b, "100000000", u, "10");
     }
     // The group on a stream that does not exist yet: created empty, with a warning.
     let (code, err) = run_once(&redis, db, &["{tr}:u"]);
@@ -1058,25 +1038,10 @@ fn reconcile_names_a_trim_before_the_groups_first_read() {
 /// trimmed unread, the database and the losses add up to `used`.
 #[test]
 fn reconcile_counts_entries_deleted_while_pending() {
-    use_module();
-    let server = Server::start(&[]);
-    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
     let mut c = server.conn();
-    let db = server.dir.join("u.db");
-    let db = db.to_str().unwrap();
-    ok(
-        &mut c,
-        &[
-            "QUOTA.SET",
-            "{p}:b",
-            "LIMIT",
-            "100000000",
-            "STREAM",
-            "{p}:u",
-            "STREAMMAXLEN",
-            "10",
-        ],
-    );
+    budget_logging_to(&mut c, "{p}:b", "100000000", "{p}:u", "10");
     ok(&mut c, &["QUOTA.CHARGE", "{p}:b", "1"]);
     assert_eq!(run_once(&redis, db, &["{p}:u"]).0, Some(0));
     for _ in 0..5 {
@@ -1158,12 +1123,9 @@ fn reconcile_counts_entries_deleted_while_pending() {
 /// A wrong `--group` says so on the closing line.
 #[test]
 fn reconcile_ok_names_what_it_could_not_check() {
-    use_module();
-    let server = Server::start(&[]);
-    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
     let mut c = server.conn();
-    let db = server.dir.join("u.db");
-    let db = db.to_str().unwrap();
     ok(
         &mut c,
         &["QUOTA.SET", "{k}:b", "LIMIT", "100", "STREAM", "{k}:u"],
@@ -1200,12 +1162,9 @@ fn reconcile_ok_names_what_it_could_not_check() {
 /// give errors naming the target, with the password hidden.
 #[test]
 fn run_and_reconcile_name_bad_arguments_and_targets() {
-    use_module();
-    let server = Server::start(&[]);
-    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
     let mut c = server.conn();
-    let db = server.dir.join("u.db");
-    let db = db.to_str().unwrap();
     for bad in [
         &["--stream", ""][..],
         &["--stream", "{x}:u", "--group", ""],
