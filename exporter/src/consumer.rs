@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use redis::Value;
 
-use crate::db::{redact, Db, DELETED_WHILE_PENDING};
+use crate::db::{redact, Db, Timeout, DELETED_WHILE_PENDING};
 use crate::entry::{self, Malformed, RawEntry, Row};
 use crate::metrics::Shared;
 use crate::Error;
@@ -36,6 +36,8 @@ pub struct RunOptions {
     pub batch: usize,
     pub block_ms: u64,
     pub claim_idle_ms: u64,
+    /// Connecting, and a reply beyond the blocking read's own wait, may take this long.
+    pub timeout: Timeout,
 }
 
 struct Consumer {
@@ -50,8 +52,11 @@ struct Consumer {
 
 /// Runs until killed, or with `--once` until every stream is caught up.
 pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
-    let con = connect(&opts.redis)?;
-    let db = Db::open(&opts.db)?;
+    let read_timeout = opts
+        .timeout
+        .saturating_add(Duration::from_millis(opts.block_ms));
+    let con = connect(&opts.redis, opts.timeout, read_timeout)?;
+    let db = Db::open(&opts.db, opts.timeout)?;
     let progress = ProgressBar::new_spinner();
     progress.set_style(
         ProgressStyle::with_template("{spinner} {msg}")
@@ -89,6 +94,19 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
                 "quota-export: caught up: {} entries exported by this run",
                 c.exported
             );
+            let pending: i64 = c
+                .metrics
+                .lock()
+                .map(|m| m.pending.values().sum())
+                .unwrap_or(0);
+            if pending > 0 {
+                eprintln!(
+                    "quota-export: note: {pending} entries are still pending at other consumers \
+                     of group {:?}: they are taken over once idle for --claim-idle-ms ({} ms); \
+                     run again then (or with a lower --claim-idle-ms if those consumers are dead)",
+                    c.opts.group, c.opts.claim_idle_ms
+                );
+            }
             return Ok(());
         }
     }
@@ -141,7 +159,8 @@ impl Consumer {
                     .arg("STREAMS")
                     .arg(&s)
                     .arg(&cursor)
-                    .query(&mut self.con)?;
+                    .query(&mut self.con)
+                    .map_err(|e| stream_error(&s, &e))?;
                 let batches = streams_of(&reply);
                 let Some((_, entries)) = batches.into_iter().next() else {
                     break;
@@ -171,7 +190,8 @@ impl Consumer {
                     .arg(&start)
                     .arg("COUNT")
                     .arg(self.opts.batch)
-                    .query(&mut self.con)?;
+                    .query(&mut self.con)
+                    .map_err(|e| stream_error(&s, &e))?;
                 let Value::Array(parts) = &reply else {
                     break;
                 };
@@ -191,12 +211,17 @@ impl Consumer {
                             .filter_map(entry::text_of)
                             .map(|id| deleted_entry(&s, id))
                             .collect();
-                        self.db.store(&[], &ids)?;
-                        eprintln!(
-                            "quota-export: {s}: {} pending entries were deleted (trimmed) before export",
-                            deleted.len()
-                        );
-                        self.lost(&s, deleted.len());
+                        let (_, recorded) = self
+                            .db
+                            .store(&[], &ids)
+                            .map_err(|e| db_error(&self.opts.db, &e))?;
+                        if recorded > 0 {
+                            eprintln!(
+                                "quota-export: {s}: {recorded} pending entries were deleted \
+                                 (trimmed) before export"
+                            );
+                            self.lost(&s, recorded);
+                        }
                     }
                 }
                 total += entries.len();
@@ -228,7 +253,9 @@ impl Consumer {
         for _ in &self.opts.streams {
             cmd.arg(">");
         }
-        let reply: Value = cmd.query(&mut self.con)?;
+        let reply: Value = cmd
+            .query(&mut self.con)
+            .map_err(|e| stream_error(&self.opts.streams.join(", "), &e))?;
         let mut total = 0;
         for (s, entries) in streams_of(&reply) {
             total += entries.len();
@@ -244,11 +271,11 @@ impl Consumer {
         }
         let mut rows: Vec<Row> = Vec::with_capacity(entries.len());
         let mut rejects: Vec<Malformed> = Vec::new();
-        let mut lost = 0;
+        let mut gone = 0;
         for e in &entries {
             match &e.fields {
                 None => {
-                    lost += 1;
+                    gone += 1;
                     rejects.push(deleted_entry(stream, e.id.clone()));
                 }
                 Some(fields) => match entry::parse_row(stream, &e.id, fields) {
@@ -263,7 +290,10 @@ impl Consumer {
                 },
             }
         }
-        let inserted = self.db.store(&rows, &rejects)?;
+        let (inserted, lost) = self
+            .db
+            .store(&rows, &rejects)
+            .map_err(|e| db_error(&self.opts.db, &e))?;
         // Acknowledged only after the commit: a crash before this line redelivers the batch,
         // and ON CONFLICT DO NOTHING keeps it from counting twice.
         let mut ack = redis::cmd("XACK");
@@ -271,11 +301,13 @@ impl Consumer {
         for e in &entries {
             ack.arg(&e.id);
         }
-        let _: Value = ack.query(&mut self.con)?;
+        let _: Value = ack
+            .query(&mut self.con)
+            .map_err(|e| stream_error(stream, &e))?;
         self.exported += inserted.len() as u64;
         if let Ok(mut m) = self.metrics.lock() {
             m.stored(&inserted);
-            let malformed = rejects.len().saturating_sub(lost);
+            let malformed = rejects.len().saturating_sub(gone);
             if malformed > 0 {
                 *m.malformed.entry(stream.to_string()).or_default() += malformed as u64;
             }
@@ -300,7 +332,8 @@ impl Consumer {
             let reply: Value = redis::cmd("XINFO")
                 .arg("GROUPS")
                 .arg(&s)
-                .query(&mut self.con)?;
+                .query(&mut self.con)
+                .map_err(|e| stream_error(&s, &e))?;
             if let Some(g) = group_info(&reply, &self.opts.group) {
                 if let Ok(mut m) = self.metrics.lock() {
                     let k = (s.clone(), self.opts.group.clone());
@@ -381,11 +414,32 @@ fn deleted_entry(stream: &str, id: String) -> Malformed {
     }
 }
 
-/// A connection to `url`; an error names the (password-redacted) URL.
-pub fn connect(url: &str) -> Result<redis::Connection, Error> {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .map_err(|e| format!("redis {}: {e}", redact(url)).into())
+/// A connection to `url`, given `timeout` to connect and `read_timeout` for each reply; an
+/// error names the (password-redacted) URL.
+pub fn connect(
+    url: &str,
+    timeout: Timeout,
+    read_timeout: Timeout,
+) -> Result<redis::Connection, Error> {
+    let con = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(timeout))
+        .and_then(|c| {
+            c.set_read_timeout(Some(read_timeout))?;
+            c.set_write_timeout(Some(timeout))?;
+            Ok(c)
+        });
+    con.map_err(|e| format!("redis {}: {e}", redact(url)).into())
+}
+
+/// A database error, naming the target (password hidden).
+pub fn db_error(target: &str, e: &Error) -> String {
+    let shown = redact(target);
+    let text = e.to_string();
+    if text.starts_with("database ") {
+        text
+    } else {
+        format!("database {shown}: {text}")
+    }
 }
 
 /// A Redis error about one stream, readable: names the stream and, for `WRONGTYPE`, says

@@ -16,26 +16,47 @@ use crate::Error;
 pub const DELETED_WHILE_PENDING: &str =
     "deleted from the stream while pending (trimmed or XDEL): lost before export";
 
-/// `url` with its password replaced by `***`, for messages (`scheme://user:***@host/...`).
+/// `url` with its password replaced by `***`, for messages: the userinfo's
+/// (`scheme://user:***@host/...`, also without the scheme) and any query parameter whose name
+/// holds `pass` (`?password=***`, `?pass=***`).
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
     };
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
+    let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let hidden = if userinfo.contains(':') || user.is_empty() {
-                format!("{user}:***")
+            if userinfo.contains(':') || user.is_empty() {
+                format!("{user}:***@{host}")
             } else {
-                user.to_string()
-            };
-            format!("{scheme}://{hidden}@{host}{path}")
+                format!("{user}@{host}")
+            }
         }
-        None => url.to_string(),
-    }
+        None => authority.to_string(),
+    };
+    let query = query.map(|q| {
+        let params: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
+                _ => kv.to_string(),
+            })
+            .collect();
+        format!("?{}", params.join("&"))
+    });
+    format!("{scheme}{authority}{path}{}", query.unwrap_or_default())
 }
+
+/// How long connecting to a database or to Redis, and one reply, may take before the command
+/// gives up with an error (`--timeout-ms`).
+pub type Timeout = std::time::Duration;
 
 /// `e` and its sources, `a: b: c` (a PostgreSQL "error connecting to server" says why only in
 /// its source).
@@ -91,25 +112,76 @@ const INSERT_ROW: &str = "INSERT INTO quota_usage
 const INSERT_REJECT: &str = "INSERT INTO quota_usage_rejects (stream, entry_id, reason)
     VALUES ($1, $2, $3) ON CONFLICT (stream, entry_id) DO NOTHING";
 
+/// An entry deleted while pending is recorded only when it was not stored: a run that
+/// committed it but died before its XACK leaves it pending, and it may be trimmed after.
+const INSERT_DELETED: &str = "INSERT INTO quota_usage_rejects (stream, entry_id, reason)
+    SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS TEXT)
+    WHERE NOT EXISTS (SELECT 1 FROM quota_usage WHERE stream = $1 AND entry_id = $2)
+    ON CONFLICT (stream, entry_id) DO NOTHING";
+
 /// An open database.
 pub enum Db {
     Sqlite(rusqlite::Connection),
     Postgres(Box<postgres::Client>),
 }
 
-/// Is `target` a PostgreSQL URL (else a SQLite file path)?
+/// Is `target` a PostgreSQL URL (else a SQLite file path)? The scheme in any case.
 pub fn is_postgres(target: &str) -> bool {
-    target.starts_with("postgres://") || target.starts_with("postgresql://")
+    let lower = target.get(..13).unwrap_or(target).to_ascii_lowercase();
+    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
+}
+
+/// A target that is neither a PostgreSQL URL nor a file path: another URL scheme, or a libpq
+/// key=value connection string (which would otherwise become a file of that name).
+fn check_target(target: &str) -> Result<(), Error> {
+    if is_postgres(target) {
+        return Ok(());
+    }
+    if let Some((scheme, _)) = target.split_once("://") {
+        if !scheme.eq_ignore_ascii_case("sqlite") {
+            return Err(format!(
+                "database {}: unsupported scheme {scheme:?}: give a SQLite file path \
+                 (or sqlite://path) or a postgres:// URL",
+                redact(target)
+            )
+            .into());
+        }
+    }
+    let conninfo = ["host=", "dbname=", "user=", "password=", "port="];
+    if target.split_whitespace().any(|w| {
+        conninfo
+            .iter()
+            .any(|k| w.to_ascii_lowercase().starts_with(k))
+    }) {
+        return Err(
+            "database: this looks like a libpq connection string (key=value): give a \
+                    postgres://user:password@host:port/db URL instead"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Connects to PostgreSQL with a connect timeout (unless the URL sets one); errors name the
+/// URL, password hidden.
+fn connect_postgres(target: &str, timeout: Timeout) -> Result<postgres::Client, Error> {
+    let named = |e: postgres::Error| format!("database {}: {}", redact(target), with_sources(&e));
+    let mut config: postgres::Config = target.parse().map_err(named)?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(timeout);
+    }
+    Ok(config.connect(postgres::NoTls).map_err(named)?)
 }
 
 impl Db {
     /// Opens `target` (`postgres://...`/`postgresql://...`, else a SQLite path, optionally
     /// `sqlite://path`) and creates the tables if missing.
-    pub fn open(target: &str) -> Result<Db, Error> {
+    pub fn open(target: &str, timeout: Timeout) -> Result<Db, Error> {
+        check_target(target)?;
         if is_postgres(target) {
             let named =
                 |e: postgres::Error| format!("database {}: {}", redact(target), with_sources(&e));
-            let mut c = postgres::Client::connect(target, postgres::NoTls).map_err(named)?;
+            let mut c = connect_postgres(target, timeout)?;
             c.batch_execute(SCHEMA).map_err(named)?;
             Ok(Db::Postgres(Box::new(c)))
         } else {
@@ -131,13 +203,14 @@ impl Db {
     /// exist (it is never created) and the database must hold both tables (they are never
     /// created). Errors name the target and say what is missing: a mistyped path or URL must
     /// not look like an empty, matching database.
-    pub fn open_existing(target: &str) -> Result<Db, Error> {
+    pub fn open_existing(target: &str, timeout: Timeout) -> Result<Db, Error> {
         const MISSING: &str = "has no quota_usage/quota_usage_rejects tables: not a database \
             `quota-export run` wrote to (reconcile never creates them)";
+        check_target(target)?;
         if is_postgres(target) {
             let shown = redact(target);
             let named = |e: postgres::Error| format!("database {shown}: {}", with_sources(&e));
-            let mut c = postgres::Client::connect(target, postgres::NoTls).map_err(named)?;
+            let mut c = connect_postgres(target, timeout)?;
             let found: bool = c
                 .query_one(
                     "SELECT to_regclass('quota_usage') IS NOT NULL \
@@ -185,13 +258,15 @@ impl Db {
     }
 
     /// Stores a batch in one transaction; returns the rows newly inserted (those not already
-    /// there from an earlier delivery).
+    /// there from an earlier delivery) and how many entries deleted while pending were
+    /// recorded (those with reason [`DELETED_WHILE_PENDING`] whose id is not stored already).
     pub fn store<'a>(
         &mut self,
         rows: &'a [Row],
         rejects: &[Malformed],
-    ) -> Result<Vec<&'a Row>, Error> {
+    ) -> Result<(Vec<&'a Row>, usize), Error> {
         let mut inserted = Vec::new();
+        let mut deleted = 0usize;
         match self {
             Db::Sqlite(c) => {
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -215,8 +290,14 @@ impl Db {
                         }
                     }
                     let mut rej = tx.prepare_cached(INSERT_REJECT)?;
+                    let mut del = tx.prepare_cached(INSERT_DELETED)?;
                     for m in rejects {
-                        rej.execute(rusqlite::params![m.stream, m.entry_id, m.reason])?;
+                        let p = rusqlite::params![m.stream, m.entry_id, m.reason];
+                        if m.reason == DELETED_WHILE_PENDING {
+                            deleted += del.execute(p)?;
+                        } else {
+                            rej.execute(p)?;
+                        }
                     }
                 }
                 tx.commit()?;
@@ -245,13 +326,21 @@ impl Db {
                     }
                 }
                 let rej = tx.prepare(INSERT_REJECT)?;
+                let del = tx.prepare(INSERT_DELETED)?;
                 for m in rejects {
-                    tx.execute(&rej, &[&m.stream, &m.entry_id, &m.reason])?;
+                    let p: [&(dyn postgres::types::ToSql + Sync); 3] =
+                        [&m.stream, &m.entry_id, &m.reason];
+                    if m.reason == DELETED_WHILE_PENDING {
+                        let n = tx.execute(&del, &p)?;
+                        deleted += usize::try_from(n).unwrap_or(0);
+                    } else {
+                        tx.execute(&rej, &p)?;
+                    }
                 }
                 tx.commit()?;
             }
         }
-        Ok(inserted)
+        Ok((inserted, deleted))
     }
 
     /// Every `(budget key, stream)` pair the table holds, sorted.
@@ -295,6 +384,17 @@ impl Db {
         Ok(match self {
             Db::Sqlite(c) => c.query_row(Q, rusqlite::params![key], |r| r.get(0))?,
             Db::Postgres(c) => c.query_one(Q, &[&key])?.get(0),
+        })
+    }
+
+    /// Entries of `stream` the database accounts for: rows stored, malformed entries skipped
+    /// and entries recorded as deleted while pending.
+    pub fn accounted(&mut self, stream: &str) -> Result<i64, Error> {
+        const Q: &str = "SELECT (SELECT COUNT(*) FROM quota_usage WHERE stream = $1)
+            + (SELECT COUNT(*) FROM quota_usage_rejects WHERE stream = $1)";
+        Ok(match self {
+            Db::Sqlite(c) => c.query_row(Q, rusqlite::params![stream], |r| r.get(0))?,
+            Db::Postgres(c) => c.query_one(Q, &[&stream])?.get(0),
         })
     }
 
@@ -349,5 +449,14 @@ mod tests {
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("usage.db"), "usage.db");
         assert_eq!(redact("redis://u:p@ss@h/0"), "redis://u:***@h/0");
+        assert_eq!(redact("u:pw@h:6379"), "u:***@h:6379");
+        assert_eq!(
+            redact("redis+unix:///tmp/x.sock?db=0&pass=pw"),
+            "redis+unix:///tmp/x.sock?db=0&pass=***"
+        );
+        assert_eq!(
+            redact("postgres://h:5432/db?user=q&password=pw"),
+            "postgres://h:5432/db?user=q&password=***"
+        );
     }
 }

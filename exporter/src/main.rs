@@ -8,9 +8,13 @@ mod metrics;
 mod reconcile;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::builder::NonEmptyStringValueParser;
 use clap::{Parser, Subcommand};
+
+/// The largest millisecond option (a year).
+const MAX_MS: u64 = 365 * 24 * 3_600_000;
 
 /// Any error, reported on stderr with a non-zero exit.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -51,15 +55,19 @@ enum Command {
         /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9187
         #[arg(long)]
         metrics_addr: Option<String>,
-        /// Take over entries another consumer left pending for this long (ms; XAUTOCLAIM)
-        #[arg(long, default_value_t = 60_000)]
+        /// Take over entries another consumer left pending for this long (ms; XAUTOCLAIM; at most a year)
+        #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
         claim_idle_ms: u64,
         /// Entries per read and per database transaction
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         batch: u32,
-        /// How long one read waits for new entries (ms)
-        #[arg(long, default_value_t = 1_000)]
+        /// How long one read waits for new entries (ms, 1 to 3600000)
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
         block_ms: u64,
+        /// Connecting to Redis or the database, and each reply, may take this long (ms) before
+        /// the run fails
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
+        timeout_ms: u64,
     },
     /// Compare the database with the budgets: per budget key, the sum of charges and
     /// adjustments in the current period against QUOTA.INFO used. Exits 1 on any mismatch.
@@ -73,6 +81,9 @@ enum Command {
         /// Consumer group whose progress is checked (trimmed entries, lag)
         #[arg(long, default_value = "quota-export", value_parser = NonEmptyStringValueParser::new())]
         group: String,
+        /// Connecting to Redis or the database, and each reply, may take this long (ms)
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
+        timeout_ms: u64,
     },
 }
 
@@ -100,6 +111,7 @@ fn main() -> ExitCode {
             claim_idle_ms,
             batch,
             block_ms,
+            timeout_ms,
         } => {
             let shared = metrics::Shared::default();
             let served = match &metrics_addr {
@@ -120,13 +132,19 @@ fn main() -> ExitCode {
                             batch: usize::try_from(batch).unwrap_or(500),
                             block_ms,
                             claim_idle_ms,
+                            timeout: Duration::from_millis(timeout_ms),
                         },
                         shared,
                     )
                 })
                 .map(|()| true)
         }
-        Command::Reconcile { redis, db, group } => reconcile::reconcile(&redis, &db, &group),
+        Command::Reconcile {
+            redis,
+            db,
+            group,
+            timeout_ms,
+        } => reconcile::reconcile(&redis, &db, &group, Duration::from_millis(timeout_ms)),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,38 +1,49 @@
 //! `quota-export reconcile`: for each budget key in the database, the sum of `charged` in the
 //! current period against `QUOTA.INFO`'s `used`; and for each stream, whether entries were
-//! lost before export or are still waiting. Two kinds of loss: entries trimmed before the
-//! group read them (Redis' counters: entries added − read − still unread), and entries
-//! deleted while pending (recorded by `run` in `quota_usage_rejects`).
+//! lost before export or are still waiting.
 //!
-//! Verdict (exit status): 0 only when at least one budget key of the database was compared
-//! and every compared key matched, with nothing lost; 1 on a mismatch, on entries lost
-//! before export, or when nothing could be compared (no usage rows, or none of the
-//! database's budget keys exists in this Redis); 2 (an `Err`) when the database or Redis
-//! cannot be read (a database that does not exist is never created).
+//! Two kinds of loss. *Trimmed before the group read them*: Redis' counters say entries
+//! added − read − still unread, and the database must agree that it lacks at least as many
+//! (a re-created group reads again what the database already holds). *Deleted while
+//! pending*: recorded by `run` in `quota_usage_rejects`. When Redis' read counter cannot be
+//! trusted (none, a replica's copy, or estimated by Redis after an `XDEL`), the database alone
+//! tells whether entries are missing, without telling why.
+//!
+//! Verdict (exit status): 0 only when at least one budget key of the database was compared,
+//! every compared key matched, and nothing was lost or is possibly lost; 1 otherwise (a
+//! mismatch, a loss, a loss that cannot be ruled out, nothing to compare); 2 (an `Err`) when
+//! the database or Redis cannot be read (a database that does not exist is never created).
 
 use redis::Value;
 
 use crate::consumer::{connect, group_info, pairs, GroupInfo};
-use crate::db::{redact, Db};
+use crate::db::{redact, Db, Timeout};
 use crate::entry::{self, parse_stream_id};
 use crate::Error;
 
-/// One budget key's line of the table.
+/// What Redis says of one budget key of the database.
 #[derive(Debug)]
-pub struct Line {
-    pub key: String,
-    /// The streams this key's entries came from (the database's, and `QUOTA.INFO`'s now).
-    pub streams: Vec<String>,
-    pub period_start: i64,
-    pub db_sum: i64,
-    /// `None`: the key is gone from Redis.
-    pub used: Option<i64>,
+enum Now {
+    /// A budget: its `used`.
+    Used(i64),
+    /// No budget at this key (deleted, or a window key now).
+    Gone,
+    /// The key holds another type now.
+    OtherType,
+    /// The key's name is not UTF-8: the database holds it with U+FFFD, so it cannot be looked
+    /// up.
+    NotUtf8,
 }
 
-impl Line {
-    pub fn matches(&self) -> bool {
-        self.used.is_none_or(|u| u == self.db_sum)
-    }
+/// One budget key's line of the table.
+#[derive(Debug)]
+struct Line {
+    key: String,
+    /// The streams this key's entries came from (the database's, and `QUOTA.INFO`'s now).
+    streams: Vec<String>,
+    period_start: i64,
+    db_sum: i64,
+    now: Now,
 }
 
 /// Whether entries were deleted before the group read them.
@@ -40,10 +51,11 @@ impl Line {
 enum Trim {
     /// Nothing lost.
     None,
-    /// Entries lost before export: how many, when Redis' counters tell.
+    /// Entries lost before export: how many, when known.
     Lost(Option<i64>),
-    /// The check could not be made; why.
-    Unknown(String),
+    /// Redis' counters cannot tell (why), and the database lacks this many of the entries
+    /// the stream received (`None`: not known either).
+    Unknown(String, Option<i64>),
 }
 
 /// What reconcile found about one stream.
@@ -66,27 +78,35 @@ enum StreamState {
 impl StreamState {
     /// Did this stream lose entries before export (either kind)?
     fn lost(&self) -> bool {
-        matches!(
-            self,
+        match self {
             StreamState::Checked {
-                trim: Trim::Lost(_),
+                trim,
+                deleted_pending,
                 ..
-            }
-        ) || matches!(self, StreamState::Checked { deleted_pending, .. } if *deleted_pending > 0)
+            } => matches!(trim, Trim::Lost(_)) || *deleted_pending > 0,
+            _ => false,
+        }
     }
 }
 
-/// Entries of `stream` with an id after `after` (counted in pages, so a long backlog costs
-/// round trips, not memory).
-fn count_after(con: &mut redis::Connection, stream: &str, after: &str) -> Result<i64, Error> {
-    const PAGE: usize = 10_000;
+/// Entries read per `XRANGE` when counting a backlog.
+const PAGE: usize = 10_000;
+
+/// Entries of `stream` with an id after `after`, up to `end` included (counted in pages, so a
+/// long backlog costs round trips, not memory).
+fn count_between(
+    con: &mut redis::Connection,
+    stream: &str,
+    after: &str,
+    end: &str,
+) -> Result<i64, Error> {
     let mut from = after.to_string();
     let mut n: i64 = 0;
     loop {
         let reply: Value = redis::cmd("XRANGE")
             .arg(stream)
             .arg(format!("({from}"))
-            .arg("+")
+            .arg(end)
             .arg("COUNT")
             .arg(PAGE)
             .query(con)?;
@@ -97,6 +117,29 @@ fn count_after(con: &mut redis::Connection, stream: &str, after: &str) -> Result
             Some(e) if got == PAGE => from = e.id.clone(),
             _ => return Ok(n),
         }
+    }
+}
+
+/// One moment's view of a stream and its group.
+struct Snapshot<'a> {
+    stream: Vec<(String, &'a Value)>,
+    group: GroupInfo,
+    /// The first entries after the group's position (at most [`PAGE`]).
+    page: Vec<entry::RawEntry>,
+}
+
+impl Snapshot<'_> {
+    fn text(&self, f: &str) -> Option<String> {
+        self.stream
+            .iter()
+            .find(|(k, _)| k == f)
+            .and_then(|(_, v)| entry::text_of(v))
+    }
+    fn int(&self, f: &str) -> Option<i64> {
+        self.text(f).and_then(|t| t.parse::<i64>().ok())
+    }
+    fn id(&self, f: &str) -> Option<(u64, u64)> {
+        self.text(f).and_then(|t| parse_stream_id(&t))
     }
 }
 
@@ -113,88 +156,150 @@ fn check_stream(
         "stream" => {}
         other => return Ok(StreamState::WrongType(other.to_string())),
     }
-    let stream: Value = redis::cmd("XINFO").arg("STREAM").arg(s).query(con)?;
-    let sp = pairs(&stream);
-    let text = |f: &str| {
-        sp.iter()
-            .find(|(k, _)| k == f)
-            .and_then(|(_, v)| entry::text_of(v))
-    };
-    let int = |f: &str| text(f).and_then(|t| t.parse::<i64>().ok());
     let groups: Value = redis::cmd("XINFO").arg("GROUPS").arg(s).query(con)?;
     let Some(g) = group_info(&groups, group) else {
         return Ok(StreamState::NoGroup);
     };
-    let read = parse_stream_id(&g.last_delivered).unwrap_or((0, 0));
-    let len = int("length").unwrap_or(0);
-    let first = text("recorded-first-entry-id")
-        .and_then(|t| parse_stream_id(&t))
-        .or_else(|| pairs_first_id(&sp));
-    let last = text("last-generated-id").and_then(|t| parse_stream_id(&t));
-    // Entries still waiting: those after the group's position (Redis' own `lag` also counts
-    // the entries trimmed unread, which no run can export).
-    let unread = if len == 0 || last.is_none_or(|l| l <= read) {
-        0
-    } else if first.is_some_and(|f| f > read) {
-        len
-    } else {
-        count_after(con, s, &g.last_delivered)?
-    };
-    // XDEL (not trimming) sets max-deleted-entry-id; after the group's position it deleted
-    // unread entries.
-    let xdel_unread = text("max-deleted-entry-id")
-        .and_then(|t| parse_stream_id(&t))
-        .is_some_and(|d| d != (0, 0) && d > read);
-    // Every entry ever added was read by the group (entries-read), is still waiting after
-    // its position, or was deleted unread: the difference is what was lost, before and
-    // after the group caught up.
-    let trim = match (int("entries-added"), g.entries_read) {
-        (Some(added), Some(read_n)) => {
-            let lost = added.saturating_sub(read_n).saturating_sub(unread);
-            if lost > 0 {
-                Trim::Lost(Some(lost))
-            } else if xdel_unread {
-                Trim::Lost(None)
-            } else {
-                Trim::None
+    // The stream's counters, the group's and the entries after its position, read in one
+    // MULTI/EXEC so that entries added meanwhile cannot hide a loss; again if the group
+    // moved between its position and the snapshot.
+    let mut after = g.last_delivered;
+    let mut replies: Option<(Value, Value, Value)> = None;
+    for _ in 0..10 {
+        let (stream, groups, page): (Value, Value, Value) = redis::pipe()
+            .atomic()
+            .cmd("XINFO")
+            .arg("STREAM")
+            .arg(s)
+            .cmd("XINFO")
+            .arg("GROUPS")
+            .arg(s)
+            .cmd("XRANGE")
+            .arg(s)
+            .arg(format!("({after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(PAGE)
+            .query(con)?;
+        match group_info(&groups, group) {
+            None => return Ok(StreamState::NoGroup),
+            Some(g) if g.last_delivered != after => after = g.last_delivered,
+            Some(_) => {
+                replies = Some((stream, groups, page));
+                break;
             }
         }
-        _ if xdel_unread => Trim::Lost(None),
-        _ => Trim::Unknown(if replica {
-            format!(
+    }
+    let Some((stream, groups, page)) = replies else {
+        return Err(format!(
+            "stream {s}: group {group:?} kept moving while reconcile read it (an exporter is \
+             reading): run reconcile again"
+        )
+        .into());
+    };
+    let Some(g) = group_info(&groups, group) else {
+        return Ok(StreamState::NoGroup);
+    };
+    let snap = Snapshot {
+        stream: pairs(&stream),
+        group: g,
+        page: entry::parse_entries(&page).0,
+    };
+    let read = parse_stream_id(&snap.group.last_delivered).unwrap_or((0, 0));
+    let last = snap.text("last-generated-id").unwrap_or_default();
+    let first_counted = snap.page.first().and_then(|e| parse_stream_id(&e.id));
+    let mut unread = i64::try_from(snap.page.len()).unwrap_or(i64::MAX);
+    // A backlog longer than a page: the rest counted up to the snapshot's last entry. Only
+    // trimming can change that range meanwhile, and only from its start: if the stream's
+    // first entry is still at or before the first one counted, the count is exact.
+    let mut count_raced = false;
+    if snap.page.len() >= PAGE {
+        if let Some(e) = snap.page.last() {
+            unread = unread.saturating_add(count_between(con, s, &e.id, &last)?);
+        }
+        let now: Value = redis::cmd("XINFO").arg("STREAM").arg(s).query(con)?;
+        let now = pairs(&now);
+        let first_now = now
+            .iter()
+            .find(|(k, _)| k == "first-entry")
+            .and_then(|(_, v)| match v {
+                Value::Array(e) => e.first().and_then(entry::text_of),
+                _ => None,
+            })
+            .and_then(|t| parse_stream_id(&t));
+        count_raced = first_now.is_none_or(|f| first_counted.is_none_or(|c| f > c));
+    }
+    let pending = snap.group.pending;
+    let added = snap.int("entries-added");
+    let max_deleted = snap.id("max-deleted-entry-id").filter(|d| *d != (0, 0));
+    let accounted = db.accounted(s)?;
+    // What the database lacks of the entries the stream received, beyond those waiting.
+    let db_missing = added.map(|a| {
+        a.saturating_sub(accounted)
+            .saturating_sub(pending)
+            .saturating_sub(unread)
+    });
+    let why_not = |reason: String| match db_missing {
+        Some(d) if d <= 0 => Trim::None,
+        d => Trim::Unknown(reason, d),
+    };
+    let trim = if count_raced {
+        Trim::Unknown(
+            "the stream was trimmed while reconcile counted a backlog of more than 10000 \
+             entries: run reconcile again once the exporter has caught up"
+                .to_string(),
+            None,
+        )
+    } else if max_deleted.is_some_and(|d| d > read) {
+        // XDEL after the group's position: an entry deleted before the group read it.
+        Trim::Lost(None)
+    } else if max_deleted.is_some() {
+        why_not(format!(
+            "entries were deleted from {s} with XDEL (max-deleted-entry-id {}): Redis then \
+             estimates group {group:?}'s read counter, which can hide entries trimmed unread",
+            snap.text("max-deleted-entry-id").unwrap_or_default()
+        ))
+    } else {
+        match (added, snap.group.entries_read) {
+            (Some(a), Some(r)) => {
+                let counted = a.saturating_sub(r).saturating_sub(unread);
+                // A re-created group (or one set back) reads again what the database holds.
+                let lost = db_missing.map_or(counted, |d| counted.min(d));
+                if lost > 0 {
+                    Trim::Lost(Some(lost))
+                } else {
+                    Trim::None
+                }
+            }
+            _ if replica => why_not(format!(
                 "XINFO GROUPS gives no entries-read for group {group:?}: this server is a \
                  replica, and Redis 7.0 replicas do not keep it; run reconcile against the master"
-            )
-        } else {
-            format!(
-                "XINFO GROUPS gives no entries-read for group {group:?} (Redis cannot count \
-                 its reads, e.g. after XDEL past its position or XGROUP SETID without \
-                 ENTRIESREAD)"
-            )
-        }),
+            )),
+            _ => why_not(format!(
+                "XINFO GROUPS gives no entries-read for group {group:?} (Redis cannot count its \
+                 reads, e.g. after XGROUP SETID without ENTRIESREAD)"
+            )),
+        }
     };
     // A replica's copy of the group's counters can lag its master's (a resync, a read not
     // replicated yet): a loss seen there is not certain.
     let trim = match trim {
-        Trim::Lost(_) if replica => Trim::Unknown(format!(
-            "this server is a replica: its copy of group {group:?}'s counters can lag the \
-             master's, so the loss they suggest is not certain; run reconcile against the master"
-        )),
+        Trim::Lost(n) if replica => Trim::Unknown(
+            format!(
+                "this server is a replica: its copy of group {group:?}'s counters can lag the \
+                 master's, so the loss they suggest is not certain; run reconcile against the \
+                 master"
+            ),
+            n.or(db_missing),
+        ),
         t => t,
     };
     Ok(StreamState::Checked {
-        group: g,
+        group: snap.group,
         trim,
         unread,
         deleted_pending: db.deleted_while_pending(s)?,
     })
-}
-
-/// The id of the stream's first entry (`first-entry` in `XINFO STREAM`), if any.
-fn pairs_first_id(sp: &[(String, &Value)]) -> Option<(u64, u64)> {
-    let (_, v) = sp.iter().find(|(k, _)| k == "first-entry")?;
-    let Value::Array(e) = v else { return None };
-    parse_stream_id(&entry::text_of(e.first()?)?)
 }
 
 /// Is the server a replica (`ROLE`)?
@@ -209,16 +314,49 @@ fn is_replica(con: &mut redis::Connection) -> bool {
     }
 }
 
+/// `QUOTA.INFO key` as a [`Now`] and the budget's stream and period start; a key that holds
+/// another type is [`Now::OtherType`], any other error names the key.
+fn budget_now(con: &mut redis::Connection, key: &str) -> Result<(Now, Option<String>, i64), Error> {
+    if key.contains('\u{FFFD}') {
+        return Ok((Now::NotUtf8, None, -1));
+    }
+    let info: redis::RedisResult<Value> = redis::cmd("QUOTA.INFO").arg(key).query(con);
+    let info = match info {
+        Ok(v) => v,
+        Err(e) if e.code() == Some("WRONGTYPE") => return Ok((Now::OtherType, None, -1)),
+        Err(e) => return Err(format!("QUOTA.INFO {key}: {e}").into()),
+    };
+    let fields = pairs(&info);
+    let text = |f: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == f)
+            .and_then(|(_, v)| entry::text_of(v))
+    };
+    let int = |f: &str| text(f).and_then(|t| t.parse::<i64>().ok());
+    let now = match int("used") {
+        Some(u) => Now::Used(u),
+        None => Now::Gone,
+    };
+    let stream = text("stream").filter(|s| !s.is_empty());
+    Ok((now, stream, int("period_start_ms").unwrap_or(-1)))
+}
+
 /// Runs the check and prints the table; returns whether everything matched and nothing was
 /// lost (see the module docs for the exact rule).
-pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, Error> {
-    let mut db = Db::open_existing(db_target)?;
-    let mut con = connect(redis_url)?;
+pub fn reconcile(
+    redis_url: &str,
+    db_target: &str,
+    group: &str,
+    timeout: Timeout,
+) -> Result<bool, Error> {
+    let mut db = Db::open_existing(db_target, timeout)?;
+    let mut con = connect(redis_url, timeout, timeout)?;
     let replica = is_replica(&mut con);
     if replica {
         println!(
             "note: {} is a replica: reconcile (like run) belongs on the master \
-             (a Redis 7.0 replica does not keep the group's entries-read)",
+             (a replica's copy of the group's counters can lag or be missing)",
             redact(redis_url)
         );
     }
@@ -232,36 +370,23 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                 streams: vec![stream.clone()],
                 period_start: -1,
                 db_sum: 0,
-                used: None,
+                now: Now::Gone,
             }),
         }
     }
     let mut streams: Vec<String> = pairs_in_db.iter().map(|(_, s)| s.clone()).collect();
     for l in &mut lines {
-        let info: Value = redis::cmd("QUOTA.INFO").arg(&l.key).query(&mut con)?;
-        let fields = pairs(&info);
-        let int = |f: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k == f)
-                .and_then(|(_, v)| entry::text_of(v))
-                .and_then(|t| t.parse::<i64>().ok())
-        };
-        if let Some(s) = fields
-            .iter()
-            .find(|(k, _)| k == "stream")
-            .and_then(|(_, v)| entry::text_of(v))
-            .filter(|s| !s.is_empty())
-        {
+        let (now, stream, period_start) = budget_now(&mut con, &l.key)?;
+        if let Some(s) = stream {
             l.streams.push(s.clone());
             streams.push(s);
         }
-        l.used = int("used");
-        // A key gone from Redis: its latest period in the database.
-        l.period_start = match l.used {
-            Some(_) => int("period_start_ms").unwrap_or(-1),
-            None => db.latest_period(&l.key)?,
+        // A key that is no budget now: its latest period in the database.
+        l.period_start = match now {
+            Now::Used(_) => period_start,
+            _ => db.latest_period(&l.key)?,
         };
+        l.now = now;
         l.db_sum = db.charged(&l.key, l.period_start)?;
     }
     streams.sort();
@@ -280,26 +405,28 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
         "{:<width$}  {:>14}  {:>14}  {:>14}  {:>10}  status",
         "key", "period_start", "db_charged", "used", "diff"
     );
-    let mut ok = true;
     let mut compared = 0usize;
+    let mut mismatched = 0usize;
     // Mismatched keys no stream state explains.
     let mut unexplained = 0usize;
+    let mut not_utf8 = 0usize;
     for l in &lines {
-        let (used, diff, status) = match l.used {
-            Some(u) => {
+        let (used, diff, status) = match l.now {
+            Now::Used(u) => {
                 compared += 1;
                 let status = if u == l.db_sum {
                     "ok".to_string()
                 } else {
+                    mismatched += 1;
                     // Say why when a stream of this key tells.
                     let why = l.streams.iter().find_map(|s| match state_of(s) {
                         Some(st) if st.lost() => {
-                            Some(format!(" (entries trimmed from {s} before export)"))
+                            Some(format!(" (entries of {s} lost before export)"))
                         }
                         Some(StreamState::Checked {
-                            trim: Trim::Unknown(_),
+                            trim: Trim::Unknown(..),
                             ..
-                        }) => Some(format!(" (trim check of {s} not possible, see below)")),
+                        }) => Some(format!(" (loss check of {s} not possible, see below)")),
                         Some(StreamState::Checked { group, unread, .. })
                             if *unread > 0 || group.pending > 0 =>
                         {
@@ -321,24 +448,38 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                     status,
                 )
             }
-            None => (
+            Now::Gone => (
                 "-".into(),
                 "-".into(),
-                "gone (no budget at this key)".to_string(),
+                "gone (no budget at this key)".into(),
             ),
+            Now::OtherType => (
+                "-".into(),
+                "-".into(),
+                "gone (the key holds another type now)".into(),
+            ),
+            Now::NotUtf8 => {
+                not_utf8 += 1;
+                (
+                    "-".into(),
+                    "-".into(),
+                    "NOT CHECKED (the key's name is not UTF-8; the database holds it with U+FFFD)"
+                        .into(),
+                )
+            }
         };
-        ok &= l.matches();
         println!(
             "{:<width$}  {:>14}  {:>14}  {:>14}  {:>10}  {status}",
             l.key, l.period_start, l.db_sum, used, diff
         );
     }
 
-    let mut waiting = false;
+    let mut waiting = 0i64;
     let mut lost = false;
     let mut no_group = 0usize;
     let mut wrong_type = 0usize;
     let mut unchecked = false;
+    let mut possibly_lost = false;
     for (s, st) in &states {
         match st {
             StreamState::Missing => println!(
@@ -348,14 +489,12 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
             StreamState::WrongType(t) => {
                 println!("stream {s}: the key holds a {t}, not a stream");
                 wrong_type += 1;
-                ok = false;
             }
             StreamState::NoGroup => {
                 println!(
                     "stream {s}: no consumer group {group:?}: nothing of it was exported by that group"
                 );
                 no_group += 1;
-                ok = false;
             }
             StreamState::Checked {
                 group: g,
@@ -368,17 +507,27 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                     Trim::Lost(n) => {
                         println!(
                             "stream {s}: TRIMMED PAST THE GROUP: {} entries were deleted \
-                             (STREAMMAXLEN, XDEL) before group {group:?} had read them (it has \
-                             read up to {}): those entries were lost before export, and the \
-                             database cannot match Redis; exporting again cannot bring them back",
+                             (STREAMMAXLEN, XTRIM, XDEL) before group {group:?} had read them \
+                             (it has read up to {}): those entries were lost before export, \
+                             and the database cannot match Redis; exporting again cannot bring \
+                             them back",
                             n.map_or_else(|| "some".to_string(), |n| n.to_string()),
                             g.last_delivered
                         );
                         lost = true;
-                        ok = false;
                     }
-                    Trim::Unknown(why) => {
-                        println!("stream {s}: trim check not possible: {why}");
+                    Trim::Unknown(why, missing) => {
+                        match missing {
+                            Some(m) => {
+                                println!(
+                                    "stream {s}: loss check not possible: {why}; and the \
+                                     database lacks {m} of the entries the stream received (lost \
+                                     before export, or rows deleted from the database)"
+                                );
+                                possibly_lost = true;
+                            }
+                            None => println!("stream {s}: loss check not possible: {why}"),
+                        }
                         unchecked = true;
                     }
                 }
@@ -390,10 +539,9 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
                          before export"
                     );
                     lost = true;
-                    ok = false;
                 }
                 if *unread != 0 || g.pending != 0 {
-                    waiting = true;
+                    waiting = waiting.saturating_add(*unread).saturating_add(g.pending);
                     println!(
                         "stream {s}: not yet exported: {unread} unread, {} pending (run \
                          `quota-export run --once` first)",
@@ -408,40 +556,42 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
         "database: {rows} usage rows, {malformed} malformed entries skipped, {deleted} entries \
          deleted while pending"
     );
-    if rows == 0 {
-        println!(
-            "reconcile: FAILED (nothing to compare: the database has no usage rows; \
-             is --db the database `quota-export run` writes to?)"
-        );
-        return Ok(false);
-    }
-    if compared == 0 {
-        println!(
-            "reconcile: FAILED (nothing to compare: none of the database's {} budget keys \
-             exists in this Redis; is --redis the right server and database number?)",
-            lines.len()
-        );
-        return Ok(false);
-    }
-    let unchecked_note =
-        "whether entries were trimmed before export could not be checked, see above";
-    if ok {
-        if unchecked {
-            println!("reconcile: OK (every budget matches; {unchecked_note})");
-        } else {
-            println!("reconcile: OK");
-        }
-        return Ok(true);
-    }
+
     let mut reasons: Vec<String> = Vec::new();
+    if rows == 0 {
+        reasons.push(
+            "nothing to compare: the database has no usage rows (has `quota-export run` \
+             stored anything yet? is --db the database it writes to?)"
+                .into(),
+        );
+    } else if compared == 0 {
+        reasons.push(format!(
+            "nothing to compare: none of the database's {} budget keys exists in this Redis; \
+             is --redis the right server and database number?",
+            lines.len()
+        ));
+    }
+    if mismatched > 0 {
+        reasons.push(format!("{mismatched} budget key(s) do not match"));
+    }
     if lost {
         reasons.push(
-            "entries were trimmed from the stream before export: lost, the database cannot \
-             match Redis"
+            "entries were deleted from the stream (trimmed or XDEL) before export: lost, the \
+             database cannot match Redis"
                 .into(),
         );
     }
-    if waiting {
+    if possibly_lost {
+        reasons.push(
+            "the database lacks entries the stream received, and Redis cannot tell whether \
+             they were lost before export, see above"
+                .into(),
+        );
+    } else if unchecked && mismatched > 0 {
+        reasons
+            .push("whether entries were lost before export could not be checked, see above".into());
+    }
+    if waiting > 0 && mismatched > 0 {
         reasons.push(if lost {
             "some entries are also not exported yet".into()
         } else {
@@ -451,7 +601,7 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
     if no_group > 0 {
         reasons.push(format!(
             "no consumer group {group:?} on {no_group} stream(s): is --group the group \
-             `quota-export run` uses?"
+             `quota-export run` uses, and are those streams among its --stream keys?"
         ));
     }
     if wrong_type > 0 {
@@ -459,17 +609,33 @@ pub fn reconcile(redis_url: &str, db_target: &str, group: &str) -> Result<bool, 
     }
     if unexplained > 0 {
         reasons.push(format!(
-            "{unexplained} budget key(s) do not match and no backlog or loss seen explains \
-             it: charged before their STREAM was set, a loss acknowledged with XGROUP SETID, \
-             or rows written to another database?"
+            "for {unexplained} of them nothing seen explains it: charged before their STREAM \
+             was set, a period rule changed back (docs/usage-export.md), the stream deleted and \
+             re-created, a loss acknowledged with XGROUP SETID, or rows written to another \
+             database?"
         ));
     }
+    if !reasons.is_empty() {
+        println!("reconcile: FAILED ({})", reasons.join("; "));
+        return Ok(false);
+    }
+    let mut notes: Vec<String> = Vec::new();
+    if waiting > 0 {
+        notes.push(format!("{waiting} entries are not exported yet, see above"));
+    }
     if unchecked {
-        reasons.push(unchecked_note.into());
+        notes
+            .push("whether entries were lost before export could not be checked, see above".into());
     }
-    if reasons.is_empty() {
-        reasons.push("budget keys do not match, see the table".into());
+    if not_utf8 > 0 {
+        notes.push(format!(
+            "{not_utf8} key(s) not checked: their names are not UTF-8"
+        ));
     }
-    println!("reconcile: FAILED ({})", reasons.join("; "));
-    Ok(false)
+    if notes.is_empty() {
+        println!("reconcile: OK");
+    } else {
+        println!("reconcile: OK (every budget matches; {})", notes.join("; "));
+    }
+    Ok(true)
 }

@@ -675,11 +675,11 @@ fn reconcile_names_the_trim_before_and_after_catching_up() {
         "{out}"
     );
     assert!(
-        out.contains("MISMATCH (entries trimmed from {tr}:u"),
+        out.contains("MISMATCH (entries of {tr}:u lost before export)"),
         "{out}"
     );
     assert!(
-        last_line(&out).contains("trimmed from the stream before export")
+        last_line(&out).contains("deleted from the stream (trimmed or XDEL) before export")
             && last_line(&out).contains("also not exported yet"),
         "{out}"
     );
@@ -723,11 +723,11 @@ fn reconcile_names_the_trim_before_and_after_catching_up() {
         assert!(!out.contains("not yet exported"), "{out}");
         assert!(!out.contains("run --once"), "{out}");
         assert!(
-            out.contains("MISMATCH (entries trimmed from {tr}:u"),
+            out.contains("MISMATCH (entries of {tr}:u lost before export)"),
             "{out}"
         );
         assert!(
-            last_line(&out).contains("trimmed from the stream before export")
+            last_line(&out).contains("deleted from the stream (trimmed or XDEL) before export")
                 && !last_line(&out).contains("not exported yet"),
             "{out}"
         );
@@ -761,7 +761,8 @@ fn reconcile_names_the_trim_before_and_after_catching_up() {
     assert!(!out.contains("TRIMMED"), "{out}");
     assert!(
         last_line(&out).starts_with(
-            "reconcile: FAILED (1 budget key(s) do not match and no backlog or loss seen"
+            "reconcile: FAILED (1 budget key(s) do not match; for 1 of them nothing seen \
+             explains it"
         ),
         "{out}"
     );
@@ -923,7 +924,7 @@ fn reconcile_on_a_replica_says_why_the_trim_check_cannot_be_made() {
     // Never a definite loss from a replica: its counters can lag the master's.
     assert!(!out.contains("TRIMMED PAST THE GROUP"), "{out}");
     assert!(
-        out.contains("stream {r}:u: trim check not possible: "),
+        out.contains("stream {r}:u: loss check not possible: "),
         "{out}"
     );
     if known {
@@ -933,8 +934,8 @@ fn reconcile_on_a_replica_says_why_the_trim_check_cannot_be_made() {
         assert!(out.contains("replicas do not keep it"), "{out}");
     }
     assert!(
-        out.contains("MISMATCH (trim check of {r}:u not possible, see below)")
-            && last_line(&out).contains("trimmed before export could not be checked"),
+        out.contains("MISMATCH (loss check of {r}:u not possible, see below)")
+            && last_line(&out).contains("Redis cannot tell whether they were lost"),
         "{out}"
     );
     // The master names the loss.
@@ -1019,15 +1020,13 @@ fn reconcile_names_a_trim_before_the_groups_first_read() {
             "{out}"
         );
         assert!(
-            out.contains(&format!(
-                "MISMATCH (entries trimmed from {u} before export)"
-            )),
+            out.contains(&format!("MISMATCH (entries of {u} lost before export)")),
             "{out}"
         );
     }
     assert!(!out.contains("not yet exported"), "{out}");
     assert!(
-        last_line(&out).contains("trimmed from the stream before export"),
+        last_line(&out).contains("deleted from the stream (trimmed or XDEL) before export"),
         "{out}"
     );
 }
@@ -1039,7 +1038,19 @@ fn reconcile_names_a_trim_before_the_groups_first_read() {
 #[test]
 fn reconcile_counts_entries_deleted_while_pending() {
     let (server, redis, db) = server_and_db();
-    let db = db.as_str();
+    deleted_while_pending(&server, &redis, &db);
+}
+
+/// The same on PostgreSQL (the record skips ids already stored: its own statement there).
+#[test]
+fn reconcile_counts_entries_deleted_while_pending_on_postgres() {
+    let pg = Postgres::start();
+    let (server, redis, _) = server_and_db();
+    deleted_while_pending(&server, &redis, &pg.url());
+}
+
+fn deleted_while_pending(server: &Server, redis: &str, db: &str) {
+    let redis = redis.to_string();
     let mut c = server.conn();
     budget_logging_to(&mut c, "{p}:b", "100000000", "{p}:u", "10");
     ok(&mut c, &["QUOTA.CHARGE", "{p}:b", "1"]);
@@ -1113,16 +1124,18 @@ fn reconcile_counts_entries_deleted_while_pending() {
         .unwrap();
     assert_eq!(used, 406);
     assert!(
-        out.contains("MISMATCH (entries trimmed from {p}:u before export)"),
+        out.contains("MISMATCH (entries of {p}:u lost before export)"),
         "{out}"
     );
 }
 
-/// All matching, but the trim check impossible (the group's read counter reset by `XGROUP
-/// SETID` without `ENTRIESREAD`): the closing line is OK and says what could not be checked.
-/// A wrong `--group` says so on the closing line.
+/// Redis' read counter reset (`XGROUP SETID` without `ENTRIESREAD`): the database alone
+/// shows that nothing is missing, so reconcile is OK. After an `XDEL` the group has read past
+/// and a trim, Redis' estimated counter hides the trim; the database lacks the entries, and
+/// reconcile fails saying the loss cannot be ruled out (in every later period too). A wrong
+/// `--group` says so on the closing line.
 #[test]
-fn reconcile_ok_names_what_it_could_not_check() {
+fn reconcile_falls_back_on_the_database_when_redis_cannot_count() {
     let (server, redis, db) = server_and_db();
     let db = db.as_str();
     let mut c = server.conn();
@@ -1134,25 +1147,151 @@ fn reconcile_ok_names_what_it_could_not_check() {
     assert_eq!(run_once(&redis, db, &["{k}:u"]).0, Some(0));
     let (code, out, _) = reconcile_out(&redis, db);
     assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
-
     ok(&mut c, &["XGROUP", "SETID", "{k}:u", "quota-export", "$"]);
     let (code, out, _) = reconcile_out(&redis, db);
-    assert_eq!(code, Some(0), "{out}");
-    assert!(
-        out.contains("stream {k}:u: trim check not possible"),
-        "{out}"
-    );
-    assert_eq!(
-        last_line(&out),
-        "reconcile: OK (every budget matches; whether entries were trimmed before export \
-         could not be checked, see above)",
-        "{out}"
-    );
+    assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
 
     let (code, out, _) = reconcile_with(&redis, db, &["--group", "nogroup"]);
     assert_eq!(code, Some(1), "{out}");
     assert!(
         last_line(&out).contains("no consumer group \"nogroup\" on 1 stream(s)"),
+        "{out}"
+    );
+
+    // The new user's reproduction: an XDEL the group reads past, and a trim (a server with
+    // the test clock, for the period).
+    drop(c);
+    drop(server);
+    let server = Server::start_with_module_args(&[], &["test-clock", "yes"]);
+    let redis = format!("redis://127.0.0.1:{}/", server.port);
+    let mut c = server.conn();
+    let db = server.dir.join("x.db");
+    let db = db.to_str().unwrap();
+    ok(
+        &mut c,
+        &[
+            "QUOTA.SET",
+            "{x}:b",
+            "LIMIT",
+            "1000000",
+            "PERIOD",
+            "MINUTE",
+            "STREAM",
+            "{x}:u",
+            "STREAMMAXLEN",
+            "10",
+            "AT",
+            &T.to_string(),
+        ],
+    );
+    let charge = |c: &mut redis::Connection, n: i64, at: i64| {
+        for _ in 0..n {
+            ok(c, &["QUOTA.CHARGE", "{x}:b", "1", "AT", &at.to_string()]);
+        }
+    };
+    assert_eq!(run_once(&redis, db, &["{x}:u"]).0, Some(0));
+    charge(&mut c, 5, T);
+    assert_eq!(run_once(&redis, db, &["{x}:u"]).0, Some(0));
+    charge(&mut c, 600, T);
+    let newest = items(&ok(&mut c, &["XREVRANGE", "{x}:u", "+", "-", "COUNT", "1"]));
+    let newest = text(&items(&newest[0])[0]);
+    assert_eq!(int(&ok(&mut c, &["XDEL", "{x}:u", &newest])), 1);
+    charge(&mut c, 2, T);
+    let kept = int(&ok(&mut c, &["XLEN", "{x}:u"]));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {x}:u: TRIMMED PAST THE GROUP: some entries"),
+        "{out}"
+    );
+    assert_eq!(run_once(&redis, db, &["{x}:u"]).0, Some(0));
+    // Lost: 607 charged, 5 + kept stored (the XDEL'd one among the lost).
+    let missing = 607 - 5 - kept;
+    for at in [T, T + 60_000] {
+        if at > T {
+            charge(&mut c, 1, at);
+            assert_eq!(run_once(&redis, db, &["{x}:u"]).0, Some(0));
+        }
+        let (code, out, _) = reconcile_out(&redis, db);
+        assert_eq!(code, Some(1), "{out}");
+        assert!(
+            out.contains(
+                "stream {x}:u: loss check not possible: entries were deleted from {x}:u with XDEL"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("the database lacks {missing} of the entries")),
+            "{out}"
+        );
+        assert!(
+            last_line(&out).contains("the database lacks entries the stream received"),
+            "{out}"
+        );
+    }
+}
+
+/// Neither a group re-created (reading again what the database holds) nor entries stored
+/// but not acknowledged before they were trimmed count as lost; a budget key that holds
+/// another type now is listed, not an error.
+#[test]
+fn reconcile_does_not_call_stored_entries_lost() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let mut c = server.conn();
+    budget_logging_to(&mut c, "{g}:b", "100000000", "{g}:u", "10");
+    // Exported as it comes: nothing lost, and the stream keeps only the last ~10.
+    for _ in 0..30 {
+        for _ in 0..10 {
+            ok(&mut c, &["QUOTA.CHARGE", "{g}:b", "1"]);
+        }
+        assert_eq!(run_once(&redis, db, &["{g}:u"]).0, Some(0));
+    }
+    assert!(int(&ok(&mut c, &["XLEN", "{g}:u"])) < 300);
+    ok(&mut c, &["XGROUP", "DESTROY", "{g}:u", "quota-export"]);
+    assert_eq!(run_once(&redis, db, &["{g}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
+
+    // Stored, but the XACK refused (an ACL without it): pending; then trimmed away.
+    budget_logging_to(&mut c, "{d}:b", "1000000", "{d}:u", "10");
+    for _ in 0..30 {
+        ok(&mut c, &["QUOTA.CHARGE", "{d}:b", "1"]);
+    }
+    ok(
+        &mut c,
+        &[
+            "ACL", "SETUSER", "noack", "on", ">pw", "~*", "+@all", "-xack",
+        ],
+    );
+    let noack = format!("redis://noack:pw@127.0.0.1:{}/", server.port);
+    let out = Command::new(EXPORTER)
+        .args(["run", "--redis", &noack, "--db", db, "--once"])
+        .args(["--stream", "{d}:u", "--consumer", "c1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("stream {d}:u: "), "{err}");
+    ok(&mut c, &["XTRIM", "{d}:u", "MAXLEN", "0"]);
+    let out = Command::new(EXPORTER)
+        .args(["run", "--redis", &redis, "--db", db, "--once"])
+        .args(["--stream", "{d}:u", "--consumer", "c1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("deleted (trimmed) before export"), "{err}");
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
+    assert!(out.contains("0 entries deleted while pending"), "{out}");
+
+    ok(&mut c, &["DEL", "{d}:b"]);
+    ok(&mut c, &["SET", "{d}:b", "x"]);
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("gone (the key holds another type now)"),
         "{out}"
     );
 }
@@ -1232,4 +1371,82 @@ fn run_and_reconcile_name_bad_arguments_and_targets() {
         )) && !err.contains("secret"),
         "{err}"
     );
+
+    // Options that would block forever or that Redis refuses, and targets that are not a
+    // SQLite path or a postgres:// URL: refused before anything is created.
+    let fresh = server.dir.join("fresh.db");
+    let fresh = fresh.to_str().unwrap();
+    for bad in [
+        &["--block-ms", "0"][..],
+        &["--claim-idle-ms", "18446744073709551615"],
+        &["--timeout-ms", "0"],
+    ] {
+        let out = Command::new(EXPORTER)
+            .args([
+                "run", "--redis", &redis, "--db", fresh, "--stream", "{y}:u", "--once",
+            ])
+            .args(bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains("invalid value"), "{bad:?}: {err}");
+    }
+    assert!(!Path::new(fresh).exists());
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "{y}:u"])), 0);
+    let conninfo = "host=127.0.0.1 dbname=q user=q password=pgSecret9";
+    for target in [conninfo, "mysql://u:pw9@h/db"] {
+        let (code, err) = run_once(&redis, target, &["{y}:u"]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(!err.contains("pgSecret9") && !err.contains("pw9"), "{err}");
+        assert!(!Path::new(target).exists());
+    }
+    let (_, _, err) = reconcile_out(
+        &redis,
+        &format!("postgres://{closed}/x?user=u&password=pgSecret9"),
+    );
+    assert!(
+        err.contains("password=***") && !err.contains("pgSecret9"),
+        "{err}"
+    );
+    let (_, _, err) = reconcile_out(&format!("u:secret@{closed}"), db);
+    assert!(!err.contains("secret"), "{err}");
+
+    // A server that accepts and never answers: an error after --timeout-ms, not a hang.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("redis://{}/", silent.local_addr().unwrap());
+    let mut child = Command::new(EXPORTER)
+        .args([
+            "reconcile",
+            "--redis",
+            &silent_url,
+            "--db",
+            db,
+            "--timeout-ms",
+            "300",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("reconcile against a silent server did not give up");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("redis {silent_url}: ")), "{err}");
 }
