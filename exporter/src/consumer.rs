@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use redis::Value;
 
-use crate::db::{redact, Db, Timeout, DELETED_WHILE_PENDING};
+use crate::db::{redact, scrub, Db, Timeout, DELETED_WHILE_PENDING};
 use crate::entry::{self, Malformed, RawEntry, Row};
 use crate::metrics::Shared;
 use crate::Error;
@@ -218,7 +218,7 @@ impl Consumer {
                         if recorded > 0 {
                             eprintln!(
                                 "quota-export: {s}: {recorded} pending entries were deleted \
-                                 (trimmed) before export"
+                                 (trimmed or XDEL) before export"
                             );
                             self.lost(&s, recorded);
                         }
@@ -313,7 +313,7 @@ impl Consumer {
             }
         }
         if lost > 0 {
-            eprintln!("quota-export: {stream}: {lost} pending entries were deleted (trimmed) before export");
+            eprintln!("quota-export: {stream}: {lost} pending entries were deleted (trimmed or XDEL) before export");
             self.lost(stream, lost);
         }
         self.show();
@@ -428,7 +428,14 @@ pub fn connect(
             c.set_write_timeout(Some(timeout))?;
             Ok(c)
         });
-    con.map_err(|e| format!("redis {}: {e}", redact(url)).into())
+    con.map_err(|e| {
+        let why = if e.is_timeout() {
+            format!("no answer within {} ms (--timeout-ms)", timeout.as_millis())
+        } else {
+            e.to_string()
+        };
+        scrub(&format!("redis {}: {why}", redact(url)), url).into()
+    })
 }
 
 /// A database error, naming the target (password hidden).
@@ -450,6 +457,10 @@ pub fn stream_error(stream: &str, e: &redis::RedisError) -> String {
         Some("WRONGTYPE") => format!(
             "stream {stream}: the key holds another type, not a stream (WRONGTYPE {detail}); \
              check --stream"
+        ),
+        Some("READONLY") => format!(
+            "stream {stream}: READONLY {detail} (this server is a replica: run the exporter \
+             against the master)"
         ),
         Some(code) => format!("stream {stream}: {code} {detail}"),
         None => format!("stream {stream}: {e}"),

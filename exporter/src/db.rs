@@ -147,6 +147,33 @@ fn check_target(target: &str) -> Result<(), Error> {
             .into());
         }
     }
+    let lower = target.to_ascii_lowercase();
+    if lower.starts_with("postgres:") || lower.starts_with("postgresql:") {
+        return Err(
+            "database: a PostgreSQL URL starts with postgres:// (postgres://user:password@host:port/db)"
+                .into(),
+        );
+    }
+    let path = sqlite_path(target);
+    if path.is_empty()
+        || path == ":memory:"
+        || lower.starts_with("file:")
+        || lower.contains("mode=memory")
+    {
+        return Err(format!(
+            "database {}: not a SQLite file (an in-memory or URI database would lose the \
+             entries it acknowledges): give a file path",
+            redact(target)
+        )
+        .into());
+    }
+    if !target.contains('/') && target.contains('@') && target.contains(':') {
+        return Err(
+            "database: this looks like a URL without its scheme (user:password@host): \
+                    give postgres://... or a file path"
+                .into(),
+        );
+    }
     let conninfo = ["host=", "dbname=", "user=", "password=", "port="];
     if target.split_whitespace().any(|w| {
         conninfo
@@ -162,15 +189,69 @@ fn check_target(target: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Connects to PostgreSQL with a connect timeout (unless the URL sets one); errors name the
-/// URL, password hidden.
+/// The SQLite file of `target`: without a `sqlite://` prefix (any case).
+fn sqlite_path(target: &str) -> &str {
+    match target.get(..9) {
+        Some(p) if p.eq_ignore_ascii_case("sqlite://") => target.get(9..).unwrap_or_default(),
+        _ => target,
+    }
+}
+
+/// `text` with every password `url` holds (its userinfo's, and query parameters named like
+/// `pass`) replaced by `***`: a driver's error may quote the URL.
+pub fn scrub(text: &str, url: &str) -> String {
+    let mut secrets: Vec<&str> = Vec::new();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = rest.split('/').next().unwrap_or_default();
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        if let Some((_, pw)) = userinfo.split_once(':') {
+            secrets.push(pw);
+        }
+    }
+    for kv in query.split('&') {
+        if let Some((k, v)) = kv.split_once('=') {
+            if k.to_ascii_lowercase().contains("pass") {
+                secrets.push(v);
+            }
+        }
+    }
+    let mut out = text.to_string();
+    for pw in secrets.into_iter().filter(|p| !p.is_empty()) {
+        out = out.replace(pw, "***");
+    }
+    out
+}
+
+/// Connects to PostgreSQL, giving up after `timeout` (connecting and the start-up exchange:
+/// a server that accepts and never answers is an error, not a hang); errors name the URL,
+/// password hidden.
 fn connect_postgres(target: &str, timeout: Timeout) -> Result<postgres::Client, Error> {
-    let named = |e: postgres::Error| format!("database {}: {}", redact(target), with_sources(&e));
-    let mut config: postgres::Config = target.parse().map_err(named)?;
+    let shown = redact(target);
+    let named =
+        |e: postgres::Error| scrub(&format!("database {shown}: {}", with_sources(&e)), target);
+    // The scheme in lower case: the driver knows only that spelling.
+    let url = match target.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => target.to_string(),
+    };
+    let mut config: postgres::Config = url.parse().map_err(named)?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(timeout);
     }
-    Ok(config.connect(postgres::NoTls).map_err(named)?)
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(config.connect(postgres::NoTls));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(named(e).into()),
+        Err(_) => Err(format!(
+            "database {shown}: no answer within {} ms (--timeout-ms)",
+            timeout.as_millis()
+        )
+        .into()),
+    }
 }
 
 impl Db {
@@ -185,7 +266,7 @@ impl Db {
             c.batch_execute(SCHEMA).map_err(named)?;
             Ok(Db::Postgres(Box::new(c)))
         } else {
-            let path = target.strip_prefix("sqlite://").unwrap_or(target);
+            let path = sqlite_path(target);
             check_sqlite_path(path)?;
             let named = |e: rusqlite::Error| format!("database {path}: {e}");
             let c = rusqlite::Connection::open(path).map_err(named)?;
@@ -224,7 +305,7 @@ impl Db {
             }
             Ok(Db::Postgres(Box::new(c)))
         } else {
-            let path = target.strip_prefix("sqlite://").unwrap_or(target);
+            let path = sqlite_path(target);
             check_sqlite_path(path)?;
             if !std::path::Path::new(path).is_file() {
                 return Err(format!(
@@ -387,14 +468,34 @@ impl Db {
         })
     }
 
-    /// Entries of `stream` the database accounts for: rows stored, malformed entries skipped
-    /// and entries recorded as deleted while pending.
-    pub fn accounted(&mut self, stream: &str) -> Result<i64, Error> {
-        const Q: &str = "SELECT (SELECT COUNT(*) FROM quota_usage WHERE stream = $1)
-            + (SELECT COUNT(*) FROM quota_usage_rejects WHERE stream = $1)";
+    /// Entries of `stream` with an id up to `upto` (`(ms, seq)`, included) the database
+    /// accounts for: rows stored, malformed entries skipped and entries recorded as deleted
+    /// while pending. Bounded by id so that entries added after a snapshot of the stream and
+    /// stored since do not count.
+    pub fn accounted(&mut self, stream: &str, upto: (u64, u64)) -> Result<i64, Error> {
+        let ms = i64::try_from(upto.0).unwrap_or(i64::MAX);
+        let seq = i64::try_from(upto.1).unwrap_or(i64::MAX);
         Ok(match self {
-            Db::Sqlite(c) => c.query_row(Q, rusqlite::params![stream], |r| r.get(0))?,
-            Db::Postgres(c) => c.query_one(Q, &[&stream])?.get(0),
+            Db::Sqlite(c) => {
+                const MS: &str = "CAST(substr(entry_id, 1, instr(entry_id, '-') - 1) AS INTEGER)";
+                const SEQ: &str = "CAST(substr(entry_id, instr(entry_id, '-') + 1) AS INTEGER)";
+                let upto = format!("stream = ?1 AND ({MS} < ?2 OR ({MS} = ?2 AND {SEQ} <= ?3))");
+                let q = format!(
+                    "SELECT (SELECT COUNT(*) FROM quota_usage WHERE {upto}) \
+                     + (SELECT COUNT(*) FROM quota_usage_rejects WHERE {upto})"
+                );
+                c.query_row(&q, rusqlite::params![stream, ms, seq], |r| r.get(0))?
+            }
+            Db::Postgres(c) => {
+                const MS: &str = "split_part(entry_id, '-', 1)::BIGINT";
+                const SEQ: &str = "split_part(entry_id, '-', 2)::BIGINT";
+                let upto = format!("stream = $1 AND ({MS} < $2 OR ({MS} = $2 AND {SEQ} <= $3))");
+                let q = format!(
+                    "SELECT (SELECT COUNT(*) FROM quota_usage WHERE {upto}) \
+                     + (SELECT COUNT(*) FROM quota_usage_rejects WHERE {upto})"
+                );
+                c.query_one(&q, &[&stream, &ms, &seq])?.get(0)
+            }
         })
     }
 

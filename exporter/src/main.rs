@@ -10,8 +10,16 @@ mod reconcile;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::builder::NonEmptyStringValueParser;
 use clap::{Parser, Subcommand};
+
+/// A name or target that is not empty or only blanks.
+fn non_blank(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("must not be empty or blank".into())
+    } else {
+        Ok(value.to_string())
+    }
+}
 
 /// The largest millisecond option (a year).
 const MAX_MS: u64 = 365 * 24 * 3_600_000;
@@ -35,19 +43,19 @@ enum Command {
     /// Consume usage streams with a consumer group and store each entry once (ack after commit).
     Run {
         /// Redis URL, e.g. redis://127.0.0.1:6379/0
-        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, value_parser = non_blank)]
         redis: String,
         /// Database: a SQLite file path (the default kind) or postgres://user@host/db
-        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, value_parser = non_blank)]
         db: String,
         /// Usage stream key (repeat for several)
-        #[arg(long = "stream", required = true, value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long = "stream", required = true, value_parser = non_blank)]
         streams: Vec<String>,
         /// Consumer group name (created at the start of the stream if missing)
-        #[arg(long, default_value = "quota-export", value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, default_value = "quota-export", value_parser = non_blank)]
         group: String,
         /// Consumer name: keep it stable across restarts (a restarted consumer first takes back its own pending entries)
-        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, value_parser = non_blank)]
         consumer: Option<String>,
         /// Exit when caught up (nothing new, nothing claimable)
         #[arg(long)]
@@ -73,14 +81,18 @@ enum Command {
     /// adjustments in the current period against QUOTA.INFO used. Exits 1 on any mismatch.
     Reconcile {
         /// Redis URL
-        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, value_parser = non_blank)]
         redis: String,
         /// Database: a SQLite file path or postgres://...
-        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, value_parser = non_blank)]
         db: String,
         /// Consumer group whose progress is checked (trimmed entries, lag)
-        #[arg(long, default_value = "quota-export", value_parser = NonEmptyStringValueParser::new())]
+        #[arg(long, default_value = "quota-export", value_parser = non_blank)]
         group: String,
+        /// Also check this stream (repeat; give run's --stream keys), even if none of its
+        /// entries reached the database
+        #[arg(long = "stream", value_parser = non_blank)]
+        streams: Vec<String>,
         /// Connecting to Redis or the database, and each reply, may take this long (ms)
         #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
         timeout_ms: u64,
@@ -143,8 +155,15 @@ fn main() -> ExitCode {
             redis,
             db,
             group,
+            streams,
             timeout_ms,
-        } => reconcile::reconcile(&redis, &db, &group, Duration::from_millis(timeout_ms)),
+        } => reconcile::reconcile(
+            &redis,
+            &db,
+            &group,
+            &streams,
+            Duration::from_millis(timeout_ms),
+        ),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -53,9 +53,9 @@ enum Trim {
     None,
     /// Entries lost before export: how many, when known.
     Lost(Option<i64>),
-    /// Redis' counters cannot tell (why), and the database lacks this many of the entries
-    /// the stream received (`None`: not known either).
-    Unknown(String, Option<i64>),
+    /// Redis' counters cannot tell (why), and the database lacks between this many of the
+    /// entries the stream received (`None`: not known either).
+    Unknown(String, Option<(i64, i64)>),
 }
 
 /// What reconcile found about one stream.
@@ -143,6 +143,219 @@ impl Snapshot<'_> {
     }
 }
 
+/// One measurement of a stream against the database.
+struct Measure {
+    group: GroupInfo,
+    /// Entries after the group's position at the snapshot.
+    unread: i64,
+    /// `entries-added` at the snapshot.
+    added: Option<i64>,
+    /// The group's position.
+    read: (u64, u64),
+    /// `max-deleted-entry-id` when not `0-0` (an `XDEL` happened), and as text.
+    max_deleted: Option<((u64, u64), String)>,
+    /// A backlog longer than a page was trimmed while it was counted.
+    count_raced: bool,
+    /// Entries up to the snapshot's last one the database accounts for, read after it.
+    accounted: i64,
+}
+
+impl Measure {
+    /// Bounds of what the database lacks of the entries the stream received, beyond those
+    /// waiting: entries pending or unread at the snapshot may have been stored since, so the
+    /// lack is between `lo` (all of them stored) and `hi` (none).
+    /// `None` also when the database holds more of this stream than it ever received: rows
+    /// of an earlier stream of that name (deleted and re-created), which say nothing of this
+    /// one.
+    fn missing(&self) -> Option<(i64, i64)> {
+        let pending = self.group.pending;
+        let added = self.added.filter(|a| self.accounted <= *a);
+        added.map(|a| {
+            let lo = a
+                .saturating_sub(self.accounted)
+                .saturating_sub(pending)
+                .saturating_sub(self.unread);
+            (lo, lo.saturating_add(pending).saturating_add(self.unread))
+        })
+    }
+}
+
+/// Reads the stream's counters, the group's and the entries after `after` (the group's
+/// position a moment before: it only moves forward) in one MULTI/EXEC, so that entries added
+/// or read meanwhile cannot hide a loss; then what the database holds up to the snapshot's
+/// last entry. `None`: the group is gone.
+fn measure(
+    con: &mut redis::Connection,
+    db: &mut Db,
+    s: &str,
+    group: &str,
+    after: &str,
+) -> Result<Option<Measure>, Error> {
+    let (stream, groups, page): (Value, Value, Value) = redis::pipe()
+        .atomic()
+        .cmd("XINFO")
+        .arg("STREAM")
+        .arg(s)
+        .cmd("XINFO")
+        .arg("GROUPS")
+        .arg(s)
+        .cmd("XRANGE")
+        .arg(s)
+        .arg(format!("({after}"))
+        .arg("+")
+        .arg("COUNT")
+        .arg(PAGE)
+        .query(con)?;
+    let Some(g) = group_info(&groups, group) else {
+        return Ok(None);
+    };
+    let snap = Snapshot {
+        stream: pairs(&stream),
+        group: g,
+        page: entry::parse_entries(&page).0,
+    };
+    let last = snap.text("last-generated-id").unwrap_or_default();
+    let read = parse_stream_id(&snap.group.last_delivered).unwrap_or((0, 0));
+    // The page starts at `after`: the entries after the group's position at the snapshot.
+    let after_read: Vec<&entry::RawEntry> = snap
+        .page
+        .iter()
+        .filter(|e| parse_stream_id(&e.id).is_some_and(|id| id > read))
+        .collect();
+    let first_counted = after_read.first().and_then(|e| parse_stream_id(&e.id));
+    let mut unread = i64::try_from(after_read.len()).unwrap_or(i64::MAX);
+    // A backlog longer than a page: the rest counted up to the snapshot's last entry. Only
+    // trimming can change that range meanwhile, and only from its start: if the stream's
+    // first entry is still at or before the first one counted, the count is exact.
+    let mut count_raced = false;
+    if snap.page.len() >= PAGE {
+        let from = match snap.page.last() {
+            Some(e) if parse_stream_id(&e.id).is_some_and(|id| id > read) => e.id.clone(),
+            _ => snap.group.last_delivered.clone(),
+        };
+        unread = unread.saturating_add(count_between(con, s, &from, &last)?);
+        let now: Value = redis::cmd("XINFO").arg("STREAM").arg(s).query(con)?;
+        let first_now = pairs(&now)
+            .iter()
+            .find(|(k, _)| k == "first-entry")
+            .and_then(|(_, v)| match v {
+                Value::Array(e) => e.first().and_then(entry::text_of),
+                _ => None,
+            })
+            .and_then(|t| parse_stream_id(&t));
+        count_raced = first_now.is_none_or(|f| first_counted.is_none_or(|c| f > c));
+    }
+    let upto = parse_stream_id(&last).unwrap_or((0, 0));
+    Ok(Some(Measure {
+        unread,
+        added: snap.int("entries-added"),
+        read,
+        max_deleted: snap
+            .id("max-deleted-entry-id")
+            .filter(|d| *d != (0, 0))
+            .map(|d| (d, snap.text("max-deleted-entry-id").unwrap_or_default())),
+        count_raced,
+        accounted: db.accounted(s, upto)?,
+        group: snap.group,
+    }))
+}
+
+/// What a measurement says about entries lost before export, and whether that is final
+/// (`false`: the exporter stored entries meanwhile and the bounds do not agree; measure
+/// again).
+fn judge(m: &Measure, s: &str, group: &str, replica: bool) -> (Trim, bool) {
+    let missing = m.missing();
+    // Redis cannot count: the database alone decides.
+    let from_db = |why: String| match missing {
+        Some((_, hi)) if hi <= 0 => (Trim::None, true),
+        Some((lo, hi)) => (Trim::Unknown(why, Some((lo.max(0), hi))), lo == hi),
+        None => (Trim::Unknown(why, None), true),
+    };
+    let (trim, final_) = if m.count_raced {
+        (
+            Trim::Unknown(
+                "the stream was trimmed while reconcile counted a backlog of more than 10000 \
+                 entries: run reconcile again once the exporter has caught up"
+                    .to_string(),
+                None,
+            ),
+            false,
+        )
+    } else if m.max_deleted.as_ref().is_some_and(|(d, _)| *d > m.read) {
+        // XDEL after the group's position: an entry deleted before the group read it, unless
+        // the database holds every entry (a group set back before the XDEL).
+        match missing {
+            Some((_, hi)) if hi <= 0 => (Trim::None, true),
+            _ => (Trim::Lost(None), true),
+        }
+    } else if let Some((_, text)) = &m.max_deleted {
+        from_db(format!(
+            "entries were deleted from {s} with XDEL (max-deleted-entry-id {text}): Redis then \
+             estimates group {group:?}'s read counter, which can hide entries trimmed unread"
+        ))
+    } else {
+        match (m.added, m.group.entries_read) {
+            (Some(a), Some(r)) => {
+                let counted = a.saturating_sub(r).saturating_sub(m.unread);
+                // A re-created group (or one set back) reads again what the database holds:
+                // the loss is at most what the database lacks.
+                match missing {
+                    _ if counted <= 0 => (Trim::None, true),
+                    None => (Trim::Lost(Some(counted)), true),
+                    Some((lo, hi)) => {
+                        let low = counted.min(lo.max(0));
+                        let high = counted.min(hi);
+                        if high <= 0 {
+                            (Trim::None, true)
+                        } else if low == high {
+                            (Trim::Lost(Some(low)), true)
+                        } else if low > 0 {
+                            (Trim::Lost(Some(low)), false)
+                        } else {
+                            (
+                                Trim::Unknown(
+                                    format!(
+                                        "Redis counts {counted} entries of {s} trimmed before \
+                                         group {group:?} read them, and the exporter stored \
+                                         entries while reconcile compared with the database"
+                                    ),
+                                    Some((0, high)),
+                                ),
+                                false,
+                            )
+                        }
+                    }
+                }
+            }
+            _ if replica => from_db(format!(
+                "XINFO GROUPS gives no entries-read for group {group:?}: this server is a \
+                 replica, and Redis 7.0 replicas do not keep it; run reconcile against the master"
+            )),
+            _ => from_db(format!(
+                "XINFO GROUPS gives no entries-read for group {group:?} (Redis cannot count its \
+                 reads, e.g. after XGROUP SETID without ENTRIESREAD)"
+            )),
+        }
+    };
+    // A replica's copy of the group's counters can lag its master's (a resync, a read not
+    // replicated yet): a loss seen there is not certain.
+    match trim {
+        Trim::Lost(n) if replica => (
+            Trim::Unknown(
+                format!(
+                    "this server is a replica: its copy of group {group:?}'s counters can lag \
+                     the master's, so the loss they suggest is not certain; run reconcile \
+                     against the master"
+                ),
+                n.map(|n| (n, n))
+                    .or(missing.map(|(lo, hi)| (lo.max(0), hi))),
+            ),
+            final_,
+        ),
+        t => (t, final_),
+    }
+}
+
 fn check_stream(
     con: &mut redis::Connection,
     db: &mut Db,
@@ -150,6 +363,7 @@ fn check_stream(
     group: &str,
     replica: bool,
 ) -> Result<StreamState, Error> {
+    const ATTEMPTS: usize = 10;
     let kind: String = redis::cmd("TYPE").arg(s).query(con)?;
     match kind.as_str() {
         "none" => return Ok(StreamState::Missing),
@@ -160,146 +374,28 @@ fn check_stream(
     let Some(g) = group_info(&groups, group) else {
         return Ok(StreamState::NoGroup);
     };
-    // The stream's counters, the group's and the entries after its position, read in one
-    // MULTI/EXEC so that entries added meanwhile cannot hide a loss; again if the group
-    // moved between its position and the snapshot.
     let mut after = g.last_delivered;
-    let mut replies: Option<(Value, Value, Value)> = None;
-    for _ in 0..10 {
-        let (stream, groups, page): (Value, Value, Value) = redis::pipe()
-            .atomic()
-            .cmd("XINFO")
-            .arg("STREAM")
-            .arg(s)
-            .cmd("XINFO")
-            .arg("GROUPS")
-            .arg(s)
-            .cmd("XRANGE")
-            .arg(s)
-            .arg(format!("({after}"))
-            .arg("+")
-            .arg("COUNT")
-            .arg(PAGE)
-            .query(con)?;
-        match group_info(&groups, group) {
-            None => return Ok(StreamState::NoGroup),
-            Some(g) if g.last_delivered != after => after = g.last_delivered,
-            Some(_) => {
-                replies = Some((stream, groups, page));
-                break;
-            }
+    let mut attempt = 0;
+    loop {
+        let Some(m) = measure(con, db, s, group, &after)? else {
+            return Ok(StreamState::NoGroup);
+        };
+        attempt += 1;
+        let (trim, final_) = judge(&m, s, group, replica);
+        // Measuring again helps only while the exporter stores a small backlog.
+        let backlog = m.unread.saturating_add(m.group.pending);
+        if final_ || attempt >= ATTEMPTS || backlog >= i64::try_from(PAGE).unwrap_or(i64::MAX) {
+            return Ok(StreamState::Checked {
+                group: m.group,
+                trim,
+                unread: m.unread,
+                deleted_pending: db.deleted_while_pending(s)?,
+            });
         }
+        // The exporter is storing entries: measure again in a moment.
+        after = m.group.last_delivered;
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let Some((stream, groups, page)) = replies else {
-        return Err(format!(
-            "stream {s}: group {group:?} kept moving while reconcile read it (an exporter is \
-             reading): run reconcile again"
-        )
-        .into());
-    };
-    let Some(g) = group_info(&groups, group) else {
-        return Ok(StreamState::NoGroup);
-    };
-    let snap = Snapshot {
-        stream: pairs(&stream),
-        group: g,
-        page: entry::parse_entries(&page).0,
-    };
-    let read = parse_stream_id(&snap.group.last_delivered).unwrap_or((0, 0));
-    let last = snap.text("last-generated-id").unwrap_or_default();
-    let first_counted = snap.page.first().and_then(|e| parse_stream_id(&e.id));
-    let mut unread = i64::try_from(snap.page.len()).unwrap_or(i64::MAX);
-    // A backlog longer than a page: the rest counted up to the snapshot's last entry. Only
-    // trimming can change that range meanwhile, and only from its start: if the stream's
-    // first entry is still at or before the first one counted, the count is exact.
-    let mut count_raced = false;
-    if snap.page.len() >= PAGE {
-        if let Some(e) = snap.page.last() {
-            unread = unread.saturating_add(count_between(con, s, &e.id, &last)?);
-        }
-        let now: Value = redis::cmd("XINFO").arg("STREAM").arg(s).query(con)?;
-        let now = pairs(&now);
-        let first_now = now
-            .iter()
-            .find(|(k, _)| k == "first-entry")
-            .and_then(|(_, v)| match v {
-                Value::Array(e) => e.first().and_then(entry::text_of),
-                _ => None,
-            })
-            .and_then(|t| parse_stream_id(&t));
-        count_raced = first_now.is_none_or(|f| first_counted.is_none_or(|c| f > c));
-    }
-    let pending = snap.group.pending;
-    let added = snap.int("entries-added");
-    let max_deleted = snap.id("max-deleted-entry-id").filter(|d| *d != (0, 0));
-    let accounted = db.accounted(s)?;
-    // What the database lacks of the entries the stream received, beyond those waiting.
-    let db_missing = added.map(|a| {
-        a.saturating_sub(accounted)
-            .saturating_sub(pending)
-            .saturating_sub(unread)
-    });
-    let why_not = |reason: String| match db_missing {
-        Some(d) if d <= 0 => Trim::None,
-        d => Trim::Unknown(reason, d),
-    };
-    let trim = if count_raced {
-        Trim::Unknown(
-            "the stream was trimmed while reconcile counted a backlog of more than 10000 \
-             entries: run reconcile again once the exporter has caught up"
-                .to_string(),
-            None,
-        )
-    } else if max_deleted.is_some_and(|d| d > read) {
-        // XDEL after the group's position: an entry deleted before the group read it.
-        Trim::Lost(None)
-    } else if max_deleted.is_some() {
-        why_not(format!(
-            "entries were deleted from {s} with XDEL (max-deleted-entry-id {}): Redis then \
-             estimates group {group:?}'s read counter, which can hide entries trimmed unread",
-            snap.text("max-deleted-entry-id").unwrap_or_default()
-        ))
-    } else {
-        match (added, snap.group.entries_read) {
-            (Some(a), Some(r)) => {
-                let counted = a.saturating_sub(r).saturating_sub(unread);
-                // A re-created group (or one set back) reads again what the database holds.
-                let lost = db_missing.map_or(counted, |d| counted.min(d));
-                if lost > 0 {
-                    Trim::Lost(Some(lost))
-                } else {
-                    Trim::None
-                }
-            }
-            _ if replica => why_not(format!(
-                "XINFO GROUPS gives no entries-read for group {group:?}: this server is a \
-                 replica, and Redis 7.0 replicas do not keep it; run reconcile against the master"
-            )),
-            _ => why_not(format!(
-                "XINFO GROUPS gives no entries-read for group {group:?} (Redis cannot count its \
-                 reads, e.g. after XGROUP SETID without ENTRIESREAD)"
-            )),
-        }
-    };
-    // A replica's copy of the group's counters can lag its master's (a resync, a read not
-    // replicated yet): a loss seen there is not certain.
-    let trim = match trim {
-        Trim::Lost(n) if replica => Trim::Unknown(
-            format!(
-                "this server is a replica: its copy of group {group:?}'s counters can lag the \
-                 master's, so the loss they suggest is not certain; run reconcile against the \
-                 master"
-            ),
-            n.or(db_missing),
-        ),
-        t => t,
-    };
-    Ok(StreamState::Checked {
-        group: snap.group,
-        trim,
-        unread,
-        deleted_pending: db.deleted_while_pending(s)?,
-    })
 }
 
 /// Is the server a replica (`ROLE`)?
@@ -343,11 +439,13 @@ fn budget_now(con: &mut redis::Connection, key: &str) -> Result<(Now, Option<Str
 }
 
 /// Runs the check and prints the table; returns whether everything matched and nothing was
-/// lost (see the module docs for the exact rule).
+/// lost (see the module docs for the exact rule). `extra_streams` are checked too, even if
+/// none of their entries reached the database.
 pub fn reconcile(
     redis_url: &str,
     db_target: &str,
     group: &str,
+    extra_streams: &[String],
     timeout: Timeout,
 ) -> Result<bool, Error> {
     let mut db = Db::open_existing(db_target, timeout)?;
@@ -389,6 +487,27 @@ pub fn reconcile(
         l.now = now;
         l.db_sum = db.charged(&l.key, l.period_start)?;
     }
+    // A key read while gateways charge and an exporter stores may not match for a moment:
+    // read the keys that do not match again, a few times.
+    for _ in 0..5 {
+        let unmatched: Vec<&mut Line> = lines
+            .iter_mut()
+            .filter(|l| matches!(l.now, Now::Used(u) if u != l.db_sum))
+            .collect();
+        if unmatched.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        for l in unmatched {
+            let (now, _, period_start) = budget_now(&mut con, &l.key)?;
+            if let Now::Used(_) = now {
+                l.period_start = period_start;
+                l.db_sum = db.charged(&l.key, period_start)?;
+            }
+            l.now = now;
+        }
+    }
+    streams.extend(extra_streams.iter().cloned());
     streams.sort();
     streams.dedup();
     let mut states = Vec::new();
@@ -518,11 +637,17 @@ pub fn reconcile(
                     }
                     Trim::Unknown(why, missing) => {
                         match missing {
-                            Some(m) => {
+                            Some((lo, hi)) => {
+                                let m = if lo == hi {
+                                    lo.to_string()
+                                } else {
+                                    format!("up to {hi}")
+                                };
                                 println!(
                                     "stream {s}: loss check not possible: {why}; and the \
                                      database lacks {m} of the entries the stream received (lost \
-                                     before export, or rows deleted from the database)"
+                                     before export, rows deleted from the database, or stored in \
+                                     another database)"
                                 );
                                 possibly_lost = true;
                             }
@@ -544,7 +669,8 @@ pub fn reconcile(
                     waiting = waiting.saturating_add(*unread).saturating_add(g.pending);
                     println!(
                         "stream {s}: not yet exported: {unread} unread, {} pending (run \
-                         `quota-export run --once` first)",
+                         `quota-export run --once` first; entries pending at another consumer \
+                         are taken over after its --claim-idle-ms)",
                         g.pending
                     );
                 }
@@ -591,7 +717,7 @@ pub fn reconcile(
         reasons
             .push("whether entries were lost before export could not be checked, see above".into());
     }
-    if waiting > 0 && mismatched > 0 {
+    if waiting > 0 && (mismatched > 0 || lost || possibly_lost) {
         reasons.push(if lost {
             "some entries are also not exported yet".into()
         } else {
@@ -611,8 +737,8 @@ pub fn reconcile(
         reasons.push(format!(
             "for {unexplained} of them nothing seen explains it: charged before their STREAM \
              was set, a period rule changed back (docs/usage-export.md), the stream deleted and \
-             re-created, a loss acknowledged with XGROUP SETID, or rows written to another \
-             database?"
+             re-created, a loss acknowledged with XGROUP SETID, rows written to another \
+             database, or charges and the exporter moving while reconcile read (run it again)?"
         ));
     }
     if !reasons.is_empty() {

@@ -1093,7 +1093,10 @@ fn deleted_while_pending(server: &Server, redis: &str, db: &str) {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("deleted (trimmed) before export"), "{err}");
+    assert!(
+        err.contains("deleted (trimmed or XDEL) before export"),
+        "{err}"
+    );
 
     let (code, out, _) = reconcile_out(&redis, db);
     assert_eq!(code, Some(1), "{out}");
@@ -1281,7 +1284,10 @@ fn reconcile_does_not_call_stored_entries_lost() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(!err.contains("deleted (trimmed) before export"), "{err}");
+    assert!(
+        !err.contains("deleted (trimmed or XDEL) before export"),
+        "{err}"
+    );
     let (code, out, _) = reconcile_out(&redis, db);
     assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
     assert!(out.contains("0 entries deleted while pending"), "{out}");
@@ -1449,4 +1455,249 @@ fn run_and_reconcile_name_bad_arguments_and_targets() {
         .unwrap();
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains(&format!("redis {silent_url}: ")), "{err}");
+}
+
+/// Reconcile while an exporter keeps exporting and charges keep coming: an earlier loss on
+/// one stream is reported every time (never an OK), and the other stream, which lost
+/// nothing, is never said to have lost anything.
+#[test]
+fn reconcile_under_live_traffic_neither_misses_nor_invents_a_loss() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let mut c = server.conn();
+    for (b, u) in [("{lv}:b", "{lv}:u"), ("{ok}:b", "{ok}:u")] {
+        budget_logging_to(&mut c, b, "1000000000", u, "0");
+        ok(&mut c, &["QUOTA.CHARGE", b, "1"]);
+    }
+    assert_eq!(run_once(&redis, db, &["{lv}:u", "{ok}:u"]).0, Some(0));
+    // 5 more on {lv}:u, of which the first 3 are trimmed unread.
+    for _ in 0..5 {
+        ok(&mut c, &["QUOTA.CHARGE", "{lv}:b", "1"]);
+    }
+    let unread = items(&ok(&mut c, &["XRANGE", "{lv}:u", "-", "+"]));
+    let fourth = text(&items(&unread[4])[0]);
+    assert_eq!(int(&ok(&mut c, &["XTRIM", "{lv}:u", "MINID", &fourth])), 4);
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {lv}:u: TRIMMED PAST THE GROUP: 3 entries"),
+        "{out}"
+    );
+
+    let log = server.dir.join("live.log");
+    let mut run = spawn(
+        Command::new(EXPORTER).args([
+            "run",
+            "--redis",
+            &redis,
+            "--db",
+            db,
+            "--stream",
+            "{lv}:u",
+            "--stream",
+            "{ok}:u",
+            "--batch",
+            "50",
+            "--block-ms",
+            "20",
+        ]),
+        &log,
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let charging = {
+        let stop = stop.clone();
+        let mut c = server.conn();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            // Steady traffic the exporter keeps up with (~2 000 charges/s).
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut p = redis::pipe();
+                for i in 0..10 {
+                    let key = if i % 2 == 0 { "{lv}:b" } else { "{ok}:b" };
+                    p.cmd("QUOTA.CHARGE").arg(key).arg(1).ignore();
+                }
+                let () = p.query(&mut c).unwrap();
+                n += 10;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            n
+        })
+    };
+    for _ in 0..8 {
+        let (code, out, err) = reconcile_out(&redis, db);
+        assert_eq!(code, Some(1), "{out}{err}");
+        assert!(
+            out.contains("stream {lv}:u: TRIMMED PAST THE GROUP: ")
+                || out.contains("stream {lv}:u: loss check not possible: "),
+            "{out}"
+        );
+        assert!(!out.contains("stream {ok}:u: TRIMMED"), "{out}");
+        assert!(!out.contains("stream {ok}:u: loss check"), "{out}");
+        assert!(!out.contains("{ok}:u: DELETED"), "{out}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let charged = charging.join().unwrap();
+    assert!(charged > 0);
+    // Caught up and quiet: the loss exactly, and {ok}:b matching.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, out, _) = reconcile_out(&redis, db);
+        assert_eq!(code, Some(1), "{out}");
+        if !out.contains("not yet exported") {
+            assert!(
+                out.contains("stream {lv}:u: TRIMMED PAST THE GROUP: 3 entries"),
+                "{out}"
+            );
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with("{ok}:b ") && l.ends_with(" ok")),
+                "{out}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the exporter did not catch up: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = run.kill();
+    let _ = run.wait();
+}
+
+/// A stream of which nothing reached the database is checked when reconcile is given it
+/// (`--stream`, as run's); a stream deleted and re-created (its earlier rows in the
+/// database) still has its new loss reported.
+#[test]
+fn reconcile_checks_named_streams_and_re_created_ones() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let mut c = server.conn();
+    for (b, u) in [("{s3a}:b", "{s3a}:u"), ("{s3b}:b", "{s3b}:u")] {
+        budget_logging_to(&mut c, b, "1000000", u, "0");
+    }
+    assert_eq!(run_once(&redis, db, &["{s3a}:u", "{s3b}:u"]).0, Some(0));
+    for _ in 0..5 {
+        ok(&mut c, &["QUOTA.CHARGE", "{s3a}:b", "1"]);
+        ok(&mut c, &["QUOTA.CHARGE", "{s3b}:b", "1"]);
+    }
+    ok(&mut c, &["XTRIM", "{s3b}:u", "MAXLEN", "0"]);
+    assert_eq!(run_once(&redis, db, &["{s3a}:u", "{s3b}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
+    let (code, out, _) =
+        reconcile_with(&redis, db, &["--stream", "{s3a}:u", "--stream", "{s3b}:u"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {s3b}:u: TRIMMED PAST THE GROUP: 5 entries"),
+        "{out}"
+    );
+
+    budget_logging_to(&mut c, "{dm}:b", "1000000", "{dm}:u", "0");
+    for _ in 0..30 {
+        ok(&mut c, &["QUOTA.CHARGE", "{dm}:b", "1"]);
+    }
+    assert_eq!(run_once(&redis, db, &["{dm}:u"]).0, Some(0));
+    ok(&mut c, &["DEL", "{dm}:u"]);
+    for _ in 0..10 {
+        ok(&mut c, &["QUOTA.CHARGE", "{dm}:b", "1"]);
+    }
+    ok(&mut c, &["XTRIM", "{dm}:u", "MAXLEN", "5"]);
+    assert_eq!(run_once(&redis, db, &["{dm}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {dm}:u: TRIMMED PAST THE GROUP: 5 entries"),
+        "{out}"
+    );
+}
+
+/// Targets that would lose what they acknowledge or leak a password: in-memory SQLite, a
+/// `postgres:` without `//`, a silent PostgreSQL (an error after --timeout-ms); the scheme in
+/// upper case works like the lower-case one; blank names are refused.
+#[test]
+fn odd_targets_are_refused_and_passwords_never_printed() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let dir = server.dir.to_str().unwrap().to_string();
+    for target in [
+        ":memory:",
+        "sqlite://",
+        "file::memory:",
+        "file:x.db?mode=memory",
+    ] {
+        let (code, err) = run_once(&redis, target, &["{o}:u"]);
+        assert_eq!(code, Some(2), "{target}: {err}");
+        assert!(err.contains("in-memory or URI database"), "{target}: {err}");
+    }
+    for target in [
+        "postgres:u:Hunter2pw@127.0.0.1",
+        "postgres:/u:Hunter2pw@127.0.0.1",
+    ] {
+        let (code, err) = run_once(&redis, target, &["{o}:u"]);
+        assert_eq!(code, Some(2), "{target}: {err}");
+        assert!(!err.contains("Hunter2pw"), "{target}: {err}");
+        assert!(!Path::new(target).exists());
+    }
+    let closed = free_addr();
+    for scheme in ["POSTGRES", "PostgreSQL"] {
+        let url = format!("{scheme}://u:Hunter2pw@{closed}/q1?connect_timeout=3");
+        let (code, _, err) = reconcile_out(&redis, &url);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("error connecting"), "{err}");
+        assert!(!err.contains("Hunter2pw"), "{err}");
+    }
+    let upper = format!("SQLITE://{dir}/upper.db");
+    assert_eq!(run_once(&redis, &upper, &["{o}:u"]).0, Some(0));
+    assert!(server.dir.join("upper.db").is_file());
+    for bad in [
+        &["--stream", " "][..],
+        &["--stream", "{o}:u", "--group", " "],
+    ] {
+        let out = Command::new(EXPORTER)
+            .args(["run", "--redis", &redis, "--db", db, "--once"])
+            .args(bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("must not be empty or blank"), "{err}");
+    }
+
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let pg = format!("postgres://u:pw@{}/x", silent.local_addr().unwrap());
+    let mut child = Command::new(EXPORTER)
+        .args([
+            "reconcile",
+            "--redis",
+            &redis,
+            "--db",
+            &pg,
+            "--timeout-ms",
+            "300",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("reconcile against a silent PostgreSQL did not give up");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("no answer within 300 ms"), "{err}");
 }
