@@ -109,9 +109,10 @@ impl Export {
             .arg(&self.db);
         if sub == "run" {
             cmd.arg("--consumer").arg(CONSUMER);
-            for s in streams {
-                cmd.arg("--stream").arg(s);
-            }
+        }
+        // reconcile too: its streams are checked even if none of their entries was stored.
+        for s in streams {
+            cmd.arg("--stream").arg(s);
         }
         cmd
     }
