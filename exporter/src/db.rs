@@ -189,6 +189,17 @@ fn check_target(target: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// [`Db::accounted`]'s query in a dialect: how it takes an id's ms and seq apart, and its
+/// parameters (stream, ms, seq).
+fn accounted_query(ms: &str, seq: &str, [stream, p_ms, p_seq]: [&str; 3]) -> String {
+    let upto =
+        format!("stream = {stream} AND ({ms} < {p_ms} OR ({ms} = {p_ms} AND {seq} <= {p_seq}))");
+    format!(
+        "SELECT (SELECT COUNT(*) FROM quota_usage WHERE {upto}) \
+         + (SELECT COUNT(*) FROM quota_usage_rejects WHERE {upto})"
+    )
+}
+
 /// The SQLite file of `target`: without a `sqlite://` prefix (any case).
 fn sqlite_path(target: &str) -> &str {
     match target.get(..9) {
@@ -477,22 +488,18 @@ impl Db {
         let seq = i64::try_from(upto.1).unwrap_or(i64::MAX);
         Ok(match self {
             Db::Sqlite(c) => {
-                const MS: &str = "CAST(substr(entry_id, 1, instr(entry_id, '-') - 1) AS INTEGER)";
-                const SEQ: &str = "CAST(substr(entry_id, instr(entry_id, '-') + 1) AS INTEGER)";
-                let upto = format!("stream = ?1 AND ({MS} < ?2 OR ({MS} = ?2 AND {SEQ} <= ?3))");
-                let q = format!(
-                    "SELECT (SELECT COUNT(*) FROM quota_usage WHERE {upto}) \
-                     + (SELECT COUNT(*) FROM quota_usage_rejects WHERE {upto})"
+                let q = accounted_query(
+                    "CAST(substr(entry_id, 1, instr(entry_id, '-') - 1) AS INTEGER)",
+                    "CAST(substr(entry_id, instr(entry_id, '-') + 1) AS INTEGER)",
+                    ["?1", "?2", "?3"],
                 );
                 c.query_row(&q, rusqlite::params![stream, ms, seq], |r| r.get(0))?
             }
             Db::Postgres(c) => {
-                const MS: &str = "split_part(entry_id, '-', 1)::BIGINT";
-                const SEQ: &str = "split_part(entry_id, '-', 2)::BIGINT";
-                let upto = format!("stream = $1 AND ({MS} < $2 OR ({MS} = $2 AND {SEQ} <= $3))");
-                let q = format!(
-                    "SELECT (SELECT COUNT(*) FROM quota_usage WHERE {upto}) \
-                     + (SELECT COUNT(*) FROM quota_usage_rejects WHERE {upto})"
+                let q = accounted_query(
+                    "split_part(entry_id, '-', 1)::BIGINT",
+                    "split_part(entry_id, '-', 2)::BIGINT",
+                    ["$1", "$2", "$3"],
                 );
                 c.query_one(&q, &[&stream, &ms, &seq])?.get(0)
             }

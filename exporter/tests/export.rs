@@ -1421,38 +1421,20 @@ fn run_and_reconcile_name_bad_arguments_and_targets() {
     // A server that accepts and never answers: an error after --timeout-ms, not a hang.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_url = format!("redis://{}/", silent.local_addr().unwrap());
-    let mut child = Command::new(EXPORTER)
-        .args([
-            "reconcile",
-            "--redis",
-            &silent_url,
-            "--db",
-            db,
-            "--timeout-ms",
-            "300",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("reconcile against a silent server did not give up");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let mut cmd = Command::new(EXPORTER);
+    cmd.args([
+        "reconcile",
+        "--redis",
+        &silent_url,
+        "--db",
+        db,
+        "--timeout-ms",
+        "300",
+    ]);
+    let (status, err) = exits_within_a_minute(
+        &mut cmd,
+        "reconcile against a silent server did not give up",
+    );
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains(&format!("redis {silent_url}: ")), "{err}");
 }
@@ -1666,16 +1648,28 @@ fn odd_targets_are_refused_and_passwords_never_printed() {
 
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let pg = format!("postgres://u:pw@{}/x", silent.local_addr().unwrap());
-    let mut child = Command::new(EXPORTER)
-        .args([
-            "reconcile",
-            "--redis",
-            &redis,
-            "--db",
-            &pg,
-            "--timeout-ms",
-            "300",
-        ])
+    let mut cmd = Command::new(EXPORTER);
+    cmd.args([
+        "reconcile",
+        "--redis",
+        &redis,
+        "--db",
+        &pg,
+        "--timeout-ms",
+        "300",
+    ]);
+    let (status, err) = exits_within_a_minute(
+        &mut cmd,
+        "reconcile against a silent PostgreSQL did not give up",
+    );
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("no answer within 300 ms"), "{err}");
+}
+
+/// Waits for `cmd` (run with stderr piped) to exit, at most a minute (then kills it and
+/// fails with `hang`): its status and stderr.
+fn exits_within_a_minute(cmd: &mut Command, hang: &str) -> (std::process::ExitStatus, String) {
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -1687,7 +1681,7 @@ fn odd_targets_are_refused_and_passwords_never_printed() {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("reconcile against a silent PostgreSQL did not give up");
+            panic!("{hang}");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -1698,6 +1692,5 @@ fn odd_targets_are_refused_and_passwords_never_printed() {
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    assert_eq!(status.code(), Some(2), "{err}");
-    assert!(err.contains("no answer within 300 ms"), "{err}");
+    (status, err)
 }
