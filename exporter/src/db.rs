@@ -148,17 +148,30 @@ fn check_target(target: &str) -> Result<(), Error> {
         }
     }
     let lower = target.to_ascii_lowercase();
-    if lower.starts_with("postgres:") || lower.starts_with("postgresql:") {
+    if ["postgres:", "postgresql:", "sqlite:"]
+        .iter()
+        .any(|p| lower.starts_with(p) && !lower.starts_with(&format!("{p}//")))
+    {
         return Err(
-            "database: a PostgreSQL URL starts with postgres:// (postgres://user:password@host:port/db)"
+            "database: a URL's scheme is followed by // (postgres://user:password@host:port/db, \
+                    sqlite://path)"
                 .into(),
         );
     }
-    let path = sqlite_path(target);
+    // An '@' in a path is a URL's user:password@host given without (or with a mangled)
+    // scheme: refused, and not printed (it may hold a password).
+    if target.contains('@') {
+        return Err(
+            "database: this looks like a URL (user:password@host) without its \
+                    postgres:// scheme: give postgres://... or a file path without '@'"
+                .into(),
+        );
+    }
+    let path = sqlite_path(target).to_ascii_lowercase();
     if path.is_empty()
-        || path == ":memory:"
-        || lower.starts_with("file:")
-        || lower.contains("mode=memory")
+        || path.contains(":memory:")
+        || path.starts_with("file:")
+        || path.contains("mode=memory")
     {
         return Err(format!(
             "database {}: not a SQLite file (an in-memory or URI database would lose the \
@@ -166,13 +179,6 @@ fn check_target(target: &str) -> Result<(), Error> {
             redact(target)
         )
         .into());
-    }
-    if !target.contains('/') && target.contains('@') && target.contains(':') {
-        return Err(
-            "database: this looks like a URL without its scheme (user:password@host): \
-                    give postgres://... or a file path"
-                .into(),
-        );
     }
     let conninfo = ["host=", "dbname=", "user=", "password=", "port="];
     if target.split_whitespace().any(|w| {
@@ -189,7 +195,9 @@ fn check_target(target: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// [`Db::accounted`]'s query in a dialect: how it takes an id's ms and seq apart, and its
+/// The count of entries of a stream with an id up to `(ms, seq)` (included) the database
+/// accounts for (rows stored, malformed entries skipped, entries recorded as deleted while
+/// pending), in a dialect: how it takes an id's ms and seq apart, and its
 /// parameters (stream, ms, seq).
 fn accounted_query(ms: &str, seq: &str, [stream, p_ms, p_seq]: [&str; 3]) -> String {
     let upto =
@@ -479,31 +487,64 @@ impl Db {
         })
     }
 
-    /// Entries of `stream` with an id up to `upto` (`(ms, seq)`, included) the database
-    /// accounts for: rows stored, malformed entries skipped and entries recorded as deleted
-    /// while pending. Bounded by id so that entries added after a snapshot of the stream and
-    /// stored since do not count.
-    pub fn accounted(&mut self, stream: &str, upto: (u64, u64)) -> Result<i64, Error> {
+    /// In one read transaction (one view of the database): the entries of `stream` up to
+    /// `upto` it accounts for (bounded by id, so that entries added after a snapshot of the
+    /// stream and stored since do not count),
+    /// and for each of `ids` (of `stream`) whether the database holds it (a row or a reject).
+    pub fn accounted_and_held(
+        &mut self,
+        stream: &str,
+        upto: (u64, u64),
+        ids: &[String],
+    ) -> Result<(i64, Vec<bool>), Error> {
+        const HELD: &str =
+            "SELECT (SELECT COUNT(*) FROM quota_usage WHERE stream = $1 AND entry_id = $2)
+            + (SELECT COUNT(*) FROM quota_usage_rejects WHERE stream = $1 AND entry_id = $2)";
         let ms = i64::try_from(upto.0).unwrap_or(i64::MAX);
         let seq = i64::try_from(upto.1).unwrap_or(i64::MAX);
-        Ok(match self {
+        match self {
             Db::Sqlite(c) => {
+                let tx = c.transaction()?;
                 let q = accounted_query(
                     "CAST(substr(entry_id, 1, instr(entry_id, '-') - 1) AS INTEGER)",
                     "CAST(substr(entry_id, instr(entry_id, '-') + 1) AS INTEGER)",
                     ["?1", "?2", "?3"],
                 );
-                c.query_row(&q, rusqlite::params![stream, ms, seq], |r| r.get(0))?
+                let accounted: i64 =
+                    tx.query_row(&q, rusqlite::params![stream, ms, seq], |r| r.get(0))?;
+                let mut held = Vec::with_capacity(ids.len());
+                {
+                    let mut st = tx.prepare_cached(HELD)?;
+                    for id in ids {
+                        let n: i64 = st.query_row(rusqlite::params![stream, id], |r| r.get(0))?;
+                        held.push(n > 0);
+                    }
+                }
+                tx.commit()?;
+                Ok((accounted, held))
             }
             Db::Postgres(c) => {
+                let mut tx = c
+                    .build_transaction()
+                    .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()?;
                 let q = accounted_query(
                     "split_part(entry_id, '-', 1)::BIGINT",
                     "split_part(entry_id, '-', 2)::BIGINT",
                     ["$1", "$2", "$3"],
                 );
-                c.query_one(&q, &[&stream, &ms, &seq])?.get(0)
+                let accounted: i64 = tx.query_one(&q, &[&stream, &ms, &seq])?.get(0);
+                let st = tx.prepare(HELD)?;
+                let mut held = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let n: i64 = tx.query_one(&st, &[&stream, id])?.get(0);
+                    held.push(n > 0);
+                }
+                tx.commit()?;
+                Ok((accounted, held))
             }
-        })
+        }
     }
 
     /// Entries of `stream` recorded as deleted while pending ([`DELETED_WHILE_PENDING`]).

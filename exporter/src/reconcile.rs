@@ -44,6 +44,8 @@ struct Line {
     period_start: i64,
     db_sum: i64,
     now: Now,
+    /// `used` changed while reconcile read the key again (charges coming in).
+    moving: bool,
 }
 
 /// Whether entries were deleted before the group read them.
@@ -70,8 +72,10 @@ enum StreamState {
         /// Entries after the group's position still in the stream (not read yet).
         unread: i64,
         /// Entries read by the group but deleted before `run` stored them (its record in
-        /// `quota_usage_rejects`).
+        /// `quota_usage_rejects`, and pending entries below the stream's first entry).
         deleted_pending: i64,
+        /// Pending entries not stored yet (and not deleted).
+        pending_waiting: i64,
     },
 }
 
@@ -158,6 +162,12 @@ struct Measure {
     count_raced: bool,
     /// Entries up to the snapshot's last one the database accounts for, read after it.
     accounted: i64,
+    /// Pending entries the database holds (stored, not acknowledged yet), when the pending
+    /// list was read whole.
+    pending_held: Option<i64>,
+    /// Pending entries deleted from the stream (below its first entry) and not in the
+    /// database: lost, not yet recorded by `run`.
+    pending_gone: i64,
 }
 
 impl Measure {
@@ -168,15 +178,35 @@ impl Measure {
     /// of an earlier stream of that name (deleted and re-created), which say nothing of this
     /// one.
     fn missing(&self) -> Option<(i64, i64)> {
-        let pending = self.group.pending;
+        // Pending entries the database holds are counted once (in `accounted`); with the
+        // whole pending list read, only unread entries can have been stored since.
+        let (pending, slack) = match self.pending_held {
+            Some(held) => {
+                let p = self.group.pending.saturating_sub(held);
+                (p, self.unread)
+            }
+            None => (
+                self.group.pending,
+                self.group.pending.saturating_add(self.unread),
+            ),
+        };
         let added = self.added.filter(|a| self.accounted <= *a);
         added.map(|a| {
             let lo = a
                 .saturating_sub(self.accounted)
                 .saturating_sub(pending)
                 .saturating_sub(self.unread);
-            (lo, lo.saturating_add(pending).saturating_add(self.unread))
+            (lo, lo.saturating_add(slack))
         })
+    }
+
+    /// Pending entries still to be stored: not in the database, not gone.
+    fn pending_waiting(&self) -> i64 {
+        self.group
+            .pending
+            .saturating_sub(self.pending_held.unwrap_or(0))
+            .saturating_sub(self.pending_gone)
+            .max(0)
     }
 }
 
@@ -191,7 +221,7 @@ fn measure(
     group: &str,
     after: &str,
 ) -> Result<Option<Measure>, Error> {
-    let (stream, groups, page): (Value, Value, Value) = redis::pipe()
+    let replies: redis::RedisResult<(Value, Value, Value, Value)> = redis::pipe()
         .atomic()
         .cmd("XINFO")
         .arg("STREAM")
@@ -205,9 +235,31 @@ fn measure(
         .arg("+")
         .arg("COUNT")
         .arg(PAGE)
-        .query(con)?;
+        .cmd("XPENDING")
+        .arg(s)
+        .arg(group)
+        .arg("-")
+        .arg("+")
+        .arg(PAGE)
+        .query(con);
+    let (stream, groups, page, pel) = match replies {
+        Ok(r) => r,
+        Err(e) if e.code() == Some("NOGROUP") => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let Some(g) = group_info(&groups, group) else {
         return Ok(None);
+    };
+    // The pending ids (XPENDING's extended form: [id, consumer, idle, deliveries] each).
+    let pending_ids: Vec<String> = match &pel {
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|i| match i {
+                Value::Array(f) => f.first().and_then(entry::text_of),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
     };
     let snap = Snapshot {
         stream: pairs(&stream),
@@ -246,7 +298,32 @@ fn measure(
         count_raced = first_now.is_none_or(|f| first_counted.is_none_or(|c| f > c));
     }
     let upto = parse_stream_id(&last).unwrap_or((0, 0));
+    let complete = i64::try_from(pending_ids.len()).is_ok_and(|n| n >= snap.group.pending);
+    let (accounted, held) = db.accounted_and_held(s, upto, &pending_ids)?;
+    // Pending entries below the stream's first entry (or all, in an empty stream) were
+    // trimmed while pending.
+    let empty = snap.int("length") == Some(0);
+    let first = snap
+        .stream
+        .iter()
+        .find(|(k, _)| k == "first-entry")
+        .and_then(|(_, v)| match v {
+            Value::Array(e) => e.first().and_then(entry::text_of),
+            _ => None,
+        })
+        .and_then(|t| parse_stream_id(&t));
+    let mut pending_gone = 0i64;
+    let mut pending_held = 0i64;
+    for (id, held) in pending_ids.iter().zip(&held) {
+        if *held {
+            pending_held += 1;
+        } else if parse_stream_id(id).is_some_and(|i| empty || first.is_some_and(|f| i < f)) {
+            pending_gone += 1;
+        }
+    }
     Ok(Some(Measure {
+        pending_held: complete.then_some(pending_held),
+        pending_gone,
         unread,
         added: snap.int("entries-added"),
         read,
@@ -255,7 +332,7 @@ fn measure(
             .filter(|d| *d != (0, 0))
             .map(|d| (d, snap.text("max-deleted-entry-id").unwrap_or_default())),
         count_raced,
-        accounted: db.accounted(s, upto)?,
+        accounted,
         group: snap.group,
     }))
 }
@@ -385,11 +462,13 @@ fn check_stream(
         // Measuring again helps only while the exporter stores a small backlog.
         let backlog = m.unread.saturating_add(m.group.pending);
         if final_ || attempt >= ATTEMPTS || backlog >= i64::try_from(PAGE).unwrap_or(i64::MAX) {
+            let pending_waiting = m.pending_waiting();
             return Ok(StreamState::Checked {
-                group: m.group,
                 trim,
                 unread: m.unread,
-                deleted_pending: db.deleted_while_pending(s)?,
+                deleted_pending: db.deleted_while_pending(s)?.saturating_add(m.pending_gone),
+                pending_waiting,
+                group: m.group,
             });
         }
         // The exporter is storing entries: measure again in a moment.
@@ -469,6 +548,7 @@ pub fn reconcile(
                 period_start: -1,
                 db_sum: 0,
                 now: Now::Gone,
+                moving: false,
             }),
         }
     }
@@ -489,7 +569,7 @@ pub fn reconcile(
     }
     // A key read while gateways charge and an exporter stores may not match for a moment:
     // read the keys that do not match again, a few times.
-    for _ in 0..5 {
+    for _ in 0..10 {
         let unmatched: Vec<&mut Line> = lines
             .iter_mut()
             .filter(|l| matches!(l.now, Now::Used(u) if u != l.db_sum))
@@ -500,7 +580,9 @@ pub fn reconcile(
         std::thread::sleep(std::time::Duration::from_millis(100));
         for l in unmatched {
             let (now, _, period_start) = budget_now(&mut con, &l.key)?;
-            if let Now::Used(_) = now {
+            if let Now::Used(u) = now {
+                l.moving |= !matches!(l.now, Now::Used(before) if before == u)
+                    || period_start != l.period_start;
                 l.period_start = period_start;
                 l.db_sum = db.charged(&l.key, period_start)?;
             }
@@ -528,6 +610,8 @@ pub fn reconcile(
     let mut mismatched = 0usize;
     // Mismatched keys no stream state explains.
     let mut unexplained = 0usize;
+    // Mismatched keys whose `used` kept changing while read.
+    let mut moving = 0usize;
     let mut not_utf8 = 0usize;
     for l in &lines {
         let (used, diff, status) = match l.now {
@@ -546,15 +630,24 @@ pub fn reconcile(
                             trim: Trim::Unknown(..),
                             ..
                         }) => Some(format!(" (loss check of {s} not possible, see below)")),
-                        Some(StreamState::Checked { group, unread, .. })
-                            if *unread > 0 || group.pending > 0 =>
-                        {
+                        Some(StreamState::Checked {
+                            unread,
+                            pending_waiting,
+                            ..
+                        }) if *unread > 0 || *pending_waiting > 0 => {
                             Some(format!(" (entries of {s} not exported yet)"))
                         }
                         Some(StreamState::Missing) => Some(format!(" (stream {s} missing)")),
                         Some(StreamState::NoGroup) => Some(format!(" (no group {group:?} on {s})")),
                         Some(StreamState::WrongType(_)) => Some(format!(" ({s} is not a stream)")),
                         _ => None,
+                    });
+                    let why = why.or_else(|| {
+                        l.moving.then(|| {
+                            moving += 1;
+                            " (still changing while reconcile read it: charges not exported yet)"
+                                .to_string()
+                        })
                     });
                     if why.is_none() {
                         unexplained += 1;
@@ -620,6 +713,7 @@ pub fn reconcile(
                 trim,
                 unread,
                 deleted_pending,
+                pending_waiting,
             } => {
                 match trim {
                     Trim::None => {}
@@ -660,18 +754,19 @@ pub fn reconcile(
                     println!(
                         "stream {s}: DELETED WHILE PENDING: {deleted_pending} entries were read \
                          by group {group:?} but deleted from the stream (STREAMMAXLEN, XDEL) \
-                         before they were stored (recorded in quota_usage_rejects): lost \
-                         before export"
+                         before they were stored (recorded in quota_usage_rejects, or still \
+                         pending below the stream's first entry): lost before export"
                     );
                     lost = true;
                 }
-                if *unread != 0 || g.pending != 0 {
-                    waiting = waiting.saturating_add(*unread).saturating_add(g.pending);
+                if *unread != 0 || *pending_waiting != 0 {
+                    waiting = waiting
+                        .saturating_add(*unread)
+                        .saturating_add(*pending_waiting);
                     println!(
-                        "stream {s}: not yet exported: {unread} unread, {} pending (run \
-                         `quota-export run --once` first; entries pending at another consumer \
-                         are taken over after its --claim-idle-ms)",
-                        g.pending
+                        "stream {s}: not yet exported: {unread} unread, {pending_waiting} \
+                         pending (run `quota-export run --once` first; entries pending at \
+                         another consumer are taken over after its --claim-idle-ms)"
                     );
                 }
             }
@@ -723,6 +818,12 @@ pub fn reconcile(
         } else {
             "some entries are not exported yet".into()
         });
+    }
+    if moving > 0 {
+        reasons.push(format!(
+            "{moving} budget key(s) kept changing while reconcile read them (charges coming \
+             in faster than they are exported): run reconcile again, or when traffic pauses"
+        ));
     }
     if no_group > 0 {
         reasons.push(format!(

@@ -1607,6 +1607,9 @@ fn odd_targets_are_refused_and_passwords_never_printed() {
         "sqlite://",
         "file::memory:",
         "file:x.db?mode=memory",
+        "sqlite://file::memory:",
+        "sqlite://file:",
+        "sqlite:///:memory:",
     ] {
         let (code, err) = run_once(&redis, target, &["{o}:u"]);
         assert_eq!(code, Some(2), "{target}: {err}");
@@ -1615,6 +1618,10 @@ fn odd_targets_are_refused_and_passwords_never_printed() {
     for target in [
         "postgres:u:Hunter2pw@127.0.0.1",
         "postgres:/u:Hunter2pw@127.0.0.1",
+        "sqlite::memory:",
+        "u:Hunter2pw@127.0.0.1:5432/db",
+        "postgres//u:Hunter2pw@h/db",
+        "sqlite://u:Hunter2pw@h/x.db",
     ] {
         let (code, err) = run_once(&redis, target, &["{o}:u"]);
         assert_eq!(code, Some(2), "{target}: {err}");
@@ -1693,4 +1700,55 @@ fn exits_within_a_minute(cmd: &mut Command, hang: &str) -> (std::process::ExitSt
         .read_to_string(&mut err)
         .unwrap();
     (status, err)
+}
+
+/// Entries pending at another consumer and then trimmed are lost at once, before any run
+/// records them: reconcile says so (they are not "not exported yet").
+#[test]
+fn reconcile_sees_pending_entries_trimmed_before_any_run() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let mut c = server.conn();
+    budget_logging_to(&mut c, "{q3}:b", "1000000000", "{q3}:u", "0");
+    assert_eq!(run_once(&redis, db, &["{q3}:u"]).0, Some(0));
+    for _ in 0..50 {
+        ok(&mut c, &["QUOTA.CHARGE", "{q3}:b", "1"]);
+    }
+    let _ = ok(
+        &mut c,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "quota-export",
+            "ghost",
+            "COUNT",
+            "50",
+            "STREAMS",
+            "{q3}:u",
+            ">",
+        ],
+    );
+    for _ in 0..50 {
+        ok(&mut c, &["QUOTA.CHARGE", "{q3}:b", "2"]);
+    }
+    let out = Command::new(EXPORTER)
+        .args([
+            "run", "--redis", &redis, "--db", db, "--once", "--stream", "{q3}:u",
+        ])
+        .args(["--consumer", "live", "--claim-idle-ms", "600000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    ok(&mut c, &["XTRIM", "{q3}:u", "MAXLEN", "50"]);
+    let (code, out, _) = reconcile_with(&redis, db, &["--stream", "{q3}:u"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {q3}:u: DELETED WHILE PENDING: 50 entries"),
+        "{out}"
+    );
+    assert!(!out.contains("not yet exported"), "{out}");
+    assert!(
+        last_line(&out).contains("deleted from the stream (trimmed or XDEL) before export"),
+        "{out}"
+    );
 }
