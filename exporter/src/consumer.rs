@@ -75,18 +75,25 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
     c.own_pending()?;
     let mut last_claim = None::<Instant>;
     let mut last_lag = None::<Instant>;
+    let mut interrupted = 0u32;
     loop {
-        let mut work = 0;
-        let claim_every = Duration::from_millis(c.opts.claim_idle_ms.clamp(100, 10_000));
-        if c.opts.once || last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
-            work += c.autoclaim()?;
-            last_claim = Some(Instant::now());
-        }
-        work += c.read_new()?;
-        if last_lag.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            c.update_lag()?;
-            last_lag = Some(Instant::now());
-        }
+        let work = match c.step(&mut last_claim, &mut last_lag) {
+            Ok(work) => {
+                interrupted = 0;
+                work
+            }
+            // A stop and continue (SIGSTOP/SIGCONT, Ctrl-Z and fg, a paused container)
+            // interrupts a blocked read, maybe half way through a reply: connect again. What
+            // was delivered and not stored stays pending and is taken back.
+            Err(e) if is_interrupted(&e) && interrupted < 100 => {
+                interrupted += 1;
+                eprintln!("quota-export: interrupted ({e}): connecting again");
+                c.con = connect(&c.opts.redis, c.opts.timeout, read_timeout)?;
+                c.own_pending()?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if c.opts.once && work == 0 {
             c.update_lag()?;
             c.progress.finish_and_clear();
@@ -112,7 +119,33 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
     }
 }
 
+/// Is `e` an interrupted system call (`EINTR`)?
+fn is_interrupted(e: &Error) -> bool {
+    let text = e.to_string();
+    text.contains("os error 4)") || text.contains("Interrupted system call")
+}
+
 impl Consumer {
+    /// One round: claims (when due), new entries, the lag (when due); the entries taken.
+    fn step(
+        &mut self,
+        last_claim: &mut Option<Instant>,
+        last_lag: &mut Option<Instant>,
+    ) -> Result<usize, Error> {
+        let mut work = 0;
+        let claim_every = Duration::from_millis(self.opts.claim_idle_ms.clamp(100, 10_000));
+        if self.opts.once || last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
+            work += self.autoclaim()?;
+            *last_claim = Some(Instant::now());
+        }
+        work += self.read_new()?;
+        if last_lag.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.update_lag()?;
+            *last_lag = Some(Instant::now());
+        }
+        Ok(work)
+    }
+
     fn create_groups(&mut self) -> Result<(), Error> {
         for s in &self.opts.streams {
             let existed: bool = redis::cmd("EXISTS")

@@ -60,7 +60,7 @@ pub type Timeout = std::time::Duration;
 
 /// `e` and its sources, `a: b: c` (a PostgreSQL "error connecting to server" says why only in
 /// its source).
-fn with_sources(e: &dyn std::error::Error) -> String {
+pub fn with_sources(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

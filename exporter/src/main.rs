@@ -111,6 +111,9 @@ fn hostname() -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let db_target = match &cli.command {
+        Command::Run { db, .. } | Command::Reconcile { db, .. } => db.clone(),
+    };
     let result = match cli.command {
         Command::Run {
             redis,
@@ -169,7 +172,19 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("quota-export: error: {e}");
+            // A driver's error names neither the database nor (for PostgreSQL) its cause.
+            let from_db = e.downcast_ref::<postgres::Error>().is_some()
+                || e.downcast_ref::<rusqlite::Error>().is_some();
+            let text = db::with_sources(&*e);
+            if from_db {
+                let shown = db::redact(&db_target);
+                eprintln!(
+                    "quota-export: error: database {shown}: {}",
+                    db::scrub(&text, &db_target)
+                );
+            } else {
+                eprintln!("quota-export: error: {text}");
+            }
             ExitCode::from(2)
         }
     }

@@ -160,7 +160,8 @@ struct Measure {
     max_deleted: Option<((u64, u64), String)>,
     /// A backlog longer than a page was trimmed while it was counted.
     count_raced: bool,
-    /// Entries up to the snapshot's last one the database accounts for, read after it.
+    /// Entries up to the group's position at the snapshot the database accounts for, read
+    /// after it (entries after that position, stored since, do not count).
     accounted: i64,
     /// Pending entries the database holds (stored, not acknowledged yet), when the pending
     /// list was read whole.
@@ -171,31 +172,21 @@ struct Measure {
 }
 
 impl Measure {
-    /// Bounds of what the database lacks of the entries the stream received, beyond those
-    /// waiting: entries pending or unread at the snapshot may have been stored since, so the
-    /// lack is between `lo` (all of them stored) and `hi` (none).
-    /// `None` also when the database holds more of this stream than it ever received: rows
-    /// of an earlier stream of that name (deleted and re-created), which say nothing of this
-    /// one.
+    /// What the database lacks of the entries up to the group's position (each of them is
+    /// pending, in the database, or lost): entries added − unread − pending not in the
+    /// database − the database's entries up to the position. Exact (`lo == hi`) when the
+    /// whole pending list was read; else pending entries stored since the snapshot widen it.
+    /// `None` when the database holds more of this stream up to the position than it ever
+    /// received there: rows of an earlier stream of that name (deleted and re-created), which
+    /// say nothing of this one.
     fn missing(&self) -> Option<(i64, i64)> {
-        // Pending entries the database holds are counted once (in `accounted`); with the
-        // whole pending list read, only unread entries can have been stored since.
         let (pending, slack) = match self.pending_held {
-            Some(held) => {
-                let p = self.group.pending.saturating_sub(held);
-                (p, self.unread)
-            }
-            None => (
-                self.group.pending,
-                self.group.pending.saturating_add(self.unread),
-            ),
+            Some(held) => (self.group.pending.saturating_sub(held), 0),
+            None => (self.group.pending, self.group.pending),
         };
-        let added = self.added.filter(|a| self.accounted <= *a);
-        added.map(|a| {
-            let lo = a
-                .saturating_sub(self.accounted)
-                .saturating_sub(pending)
-                .saturating_sub(self.unread);
+        let up_to_position = self.added.map(|a| a.saturating_sub(self.unread));
+        up_to_position.filter(|n| self.accounted <= *n).map(|n| {
+            let lo = n.saturating_sub(self.accounted).saturating_sub(pending);
             (lo, lo.saturating_add(slack))
         })
     }
@@ -297,7 +288,7 @@ fn measure(
             .and_then(|t| parse_stream_id(&t));
         count_raced = first_now.is_none_or(|f| first_counted.is_none_or(|c| f > c));
     }
-    let upto = parse_stream_id(&last).unwrap_or((0, 0));
+    let upto = read;
     let complete = i64::try_from(pending_ids.len()).is_ok_and(|n| n >= snap.group.pending);
     let (accounted, held) = db.accounted_and_held(s, upto, &pending_ids)?;
     // Pending entries below the stream's first entry (or all, in an empty stream) were

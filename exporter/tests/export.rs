@@ -1752,3 +1752,104 @@ fn reconcile_sees_pending_entries_trimmed_before_any_run() {
         "{out}"
     );
 }
+
+/// After an XDEL of entries already stored, entries not exported yet are just that: no
+/// possible loss (the database holds every entry up to the group's position).
+#[test]
+fn reconcile_after_xdel_does_not_call_unread_entries_lost() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let mut c = server.conn();
+    budget_logging_to(&mut c, "{k2}:b", "100000000", "{k2}:u", "0");
+    for _ in 0..20 {
+        ok(&mut c, &["QUOTA.CHARGE", "{k2}:b", "1"]);
+    }
+    assert_eq!(run_once(&redis, db, &["{k2}:u"]).0, Some(0));
+    let all = items(&ok(&mut c, &["XRANGE", "{k2}:u", "-", "+"]));
+    for i in [3, 19] {
+        let id = text(&items(&all[i])[0]);
+        assert_eq!(int(&ok(&mut c, &["XDEL", "{k2}:u", &id])), 1);
+    }
+    for _ in 0..5 {
+        ok(&mut c, &["QUOTA.CHARGE", "{k2}:b", "1"]);
+    }
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("stream {k2}:u: not yet exported: 5 unread"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("loss check") && !out.contains("TRIMMED"),
+        "{out}"
+    );
+    assert_eq!(
+        last_line(&out),
+        "reconcile: FAILED (1 budget key(s) do not match; some entries are not exported yet)",
+        "{out}"
+    );
+    assert_eq!(run_once(&redis, db, &["{k2}:u"]).0, Some(0));
+    let (code, out, _) = reconcile_out(&redis, db);
+    assert_eq!((code, last_line(&out)), (Some(0), "reconcile: OK"), "{out}");
+}
+
+/// `run` stopped and continued (SIGSTOP, SIGCONT: Ctrl-Z and fg, a paused container) goes on
+/// exporting.
+#[test]
+fn run_goes_on_after_a_stop_and_continue() {
+    let (server, redis, db) = server_and_db();
+    let db = db.as_str();
+    let mut c = server.conn();
+    budget_logging_to(&mut c, "{w2}:b", "100000000", "{w2}:u", "0");
+    ok(&mut c, &["QUOTA.CHARGE", "{w2}:b", "1"]);
+    let log = server.dir.join("w2.log");
+    let mut run = spawn(
+        Command::new(EXPORTER).args([
+            "run",
+            "--redis",
+            &redis,
+            "--db",
+            db,
+            "--stream",
+            "{w2}:u",
+            "--block-ms",
+            "200",
+        ]),
+        &log,
+    );
+    let pid = run.id().to_string();
+    let exported = |n: i64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, out, _) = reconcile_out(&redis, db);
+            if code == Some(0) && out.contains(&format!("database: {n} usage rows")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not exported: {out}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    exported(1);
+    for _ in 0..3 {
+        assert!(Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+    ok(&mut c, &["QUOTA.CHARGE", "{w2}:b", "1"]);
+    exported(2);
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let _ = run.kill();
+    let _ = run.wait();
+}
