@@ -16,6 +16,16 @@
 
 use redis::Value;
 
+/// `println!` that returns an error instead of panicking when stdout cannot be written (a
+/// closed pipe, a full disk): the verdict must stay one of the documented statuses.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+            .map_err(|e| format!("writing the report to stdout: {e}"))?
+    }};
+}
+
 use crate::consumer::{connect, group_info, pairs, GroupInfo};
 use crate::db::{redact, Db, Timeout};
 use crate::entry::{self, parse_stream_id};
@@ -522,7 +532,7 @@ pub fn reconcile(
     let mut con = connect(redis_url, timeout, timeout)?;
     let replica = is_replica(&mut con);
     if replica {
-        println!(
+        out!(
             "note: {} is a replica: reconcile (like run) belongs on the master \
              (a replica's copy of the group's counters can lag or be missing)",
             redact(redis_url)
@@ -593,9 +603,13 @@ pub fn reconcile(
     let state_of = |s: &String| states.iter().find(|(n, _)| n == s).map(|(_, st)| st);
 
     let width = lines.iter().map(|l| l.key.len()).max().unwrap_or(3).max(3);
-    println!(
+    out!(
         "{:<width$}  {:>14}  {:>14}  {:>14}  {:>10}  status",
-        "key", "period_start", "db_charged", "used", "diff"
+        "key",
+        "period_start",
+        "db_charged",
+        "used",
+        "diff"
     );
     let mut compared = 0usize;
     let mut mismatched = 0usize;
@@ -671,9 +685,13 @@ pub fn reconcile(
                 )
             }
         };
-        println!(
+        out!(
             "{:<width$}  {:>14}  {:>14}  {:>14}  {:>10}  {status}",
-            l.key, l.period_start, l.db_sum, used, diff
+            l.key,
+            l.period_start,
+            l.db_sum,
+            used,
+            diff
         );
     }
 
@@ -685,16 +703,16 @@ pub fn reconcile(
     let mut possibly_lost = false;
     for (s, st) in &states {
         match st {
-            StreamState::Missing => println!(
+            StreamState::Missing => out!(
                 "stream {s}: missing in Redis (deleted, or --redis names another server or \
                  database number)"
             ),
             StreamState::WrongType(t) => {
-                println!("stream {s}: the key holds a {t}, not a stream");
+                out!("stream {s}: the key holds a {t}, not a stream");
                 wrong_type += 1;
             }
             StreamState::NoGroup => {
-                println!(
+                out!(
                     "stream {s}: no consumer group {group:?}: nothing of it was exported by that group"
                 );
                 no_group += 1;
@@ -709,7 +727,7 @@ pub fn reconcile(
                 match trim {
                     Trim::None => {}
                     Trim::Lost(n) => {
-                        println!(
+                        out!(
                             "stream {s}: TRIMMED PAST THE GROUP: {} entries were deleted \
                              (STREAMMAXLEN, XTRIM, XDEL) before group {group:?} had read them \
                              (it has read up to {}): those entries were lost before export, \
@@ -728,7 +746,7 @@ pub fn reconcile(
                                 } else {
                                     format!("up to {hi}")
                                 };
-                                println!(
+                                out!(
                                     "stream {s}: loss check not possible: {why}; and the \
                                      database lacks {m} of the entries the stream received (lost \
                                      before export, rows deleted from the database, or stored in \
@@ -736,15 +754,15 @@ pub fn reconcile(
                                 );
                                 possibly_lost = true;
                             }
-                            None => println!("stream {s}: loss check not possible: {why}"),
+                            None => out!("stream {s}: loss check not possible: {why}"),
                         }
                         unchecked = true;
                     }
                 }
                 if *deleted_pending > 0 {
-                    println!(
+                    out!(
                         "stream {s}: DELETED WHILE PENDING: {deleted_pending} entries were read \
-                         by group {group:?} but deleted from the stream (STREAMMAXLEN, XDEL) \
+                         by group {group:?} but deleted from the stream (STREAMMAXLEN, XTRIM, XDEL) \
                          before they were stored (recorded in quota_usage_rejects, or still \
                          pending below the stream's first entry): lost before export"
                     );
@@ -754,7 +772,7 @@ pub fn reconcile(
                     waiting = waiting
                         .saturating_add(*unread)
                         .saturating_add(*pending_waiting);
-                    println!(
+                    out!(
                         "stream {s}: not yet exported: {unread} unread, {pending_waiting} \
                          pending (run `quota-export run --once` first; entries pending at \
                          another consumer are taken over after its --claim-idle-ms)"
@@ -764,7 +782,7 @@ pub fn reconcile(
         }
     }
     let (rows, malformed, deleted) = db.counts()?;
-    println!(
+    out!(
         "database: {rows} usage rows, {malformed} malformed entries skipped, {deleted} entries \
          deleted while pending"
     );
@@ -834,7 +852,7 @@ pub fn reconcile(
         ));
     }
     if !reasons.is_empty() {
-        println!("reconcile: FAILED ({})", reasons.join("; "));
+        out!("reconcile: FAILED ({})", reasons.join("; "));
         return Ok(false);
     }
     let mut notes: Vec<String> = Vec::new();
@@ -851,9 +869,9 @@ pub fn reconcile(
         ));
     }
     if notes.is_empty() {
-        println!("reconcile: OK");
+        out!("reconcile: OK");
     } else {
-        println!("reconcile: OK (every budget matches; {})", notes.join("; "));
+        out!("reconcile: OK (every budget matches; {})", notes.join("; "));
     }
     Ok(true)
 }

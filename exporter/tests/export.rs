@@ -824,6 +824,15 @@ fn reconcile_against_the_wrong_redis_database_is_not_ok() {
     let (code, out, _) = reconcile_out(&redis, db);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(last_line(&out), "reconcile: OK", "{out}");
+    // A report that cannot be written (a full disk, a closed pipe) is an error, not a panic.
+    let full = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", &redis, "--db", db])
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(2), "{err}");
+    assert!(err.contains("writing the report to stdout"), "{err}");
 
     let wrong = format!("redis://127.0.0.1:{}/5", server.port);
     let (code, out, _) = reconcile_out(&wrong, db);
