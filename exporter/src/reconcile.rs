@@ -134,6 +134,18 @@ fn count_between(
     }
 }
 
+/// The id of the stream's first entry (`first-entry` of `XINFO STREAM`), if any.
+fn first_entry(stream: &[(String, &Value)]) -> Option<(u64, u64)> {
+    stream
+        .iter()
+        .find(|(k, _)| k == "first-entry")
+        .and_then(|(_, v)| match v {
+            Value::Array(e) => e.first().and_then(entry::text_of),
+            _ => None,
+        })
+        .and_then(|t| parse_stream_id(&t))
+}
+
 /// One moment's view of a stream and its group.
 struct Snapshot<'a> {
     stream: Vec<(String, &'a Value)>,
@@ -288,14 +300,7 @@ fn measure(
         };
         unread = unread.saturating_add(count_between(con, s, &from, &last)?);
         let now: Value = redis::cmd("XINFO").arg("STREAM").arg(s).query(con)?;
-        let first_now = pairs(&now)
-            .iter()
-            .find(|(k, _)| k == "first-entry")
-            .and_then(|(_, v)| match v {
-                Value::Array(e) => e.first().and_then(entry::text_of),
-                _ => None,
-            })
-            .and_then(|t| parse_stream_id(&t));
+        let first_now = first_entry(&pairs(&now));
         count_raced = first_now.is_none_or(|f| first_counted.is_none_or(|c| f > c));
     }
     let upto = read;
@@ -304,15 +309,7 @@ fn measure(
     // Pending entries below the stream's first entry (or all, in an empty stream) were
     // trimmed while pending.
     let empty = snap.int("length") == Some(0);
-    let first = snap
-        .stream
-        .iter()
-        .find(|(k, _)| k == "first-entry")
-        .and_then(|(_, v)| match v {
-            Value::Array(e) => e.first().and_then(entry::text_of),
-            _ => None,
-        })
-        .and_then(|t| parse_stream_id(&t));
+    let first = first_entry(&snap.stream);
     let mut pending_gone = 0i64;
     let mut pending_held = 0i64;
     for (id, held) in pending_ids.iter().zip(&held) {
