@@ -75,21 +75,33 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
     c.own_pending()?;
     let mut last_claim = None::<Instant>;
     let mut last_lag = None::<Instant>;
+    // A stop and continue (SIGSTOP/SIGCONT, Ctrl-Z and fg, a paused container) interrupts a
+    // blocked read, maybe half way through a reply: connect again. What was delivered and not
+    // stored stays pending and is taken back. Interrupted again meanwhile: again.
     let mut interrupted = 0u32;
+    let mut reconnect = false;
     loop {
-        let work = match c.step(&mut last_claim, &mut last_lag) {
+        let recovered = if reconnect {
+            connect(&c.opts.redis, c.opts.timeout, read_timeout).and_then(|con| {
+                c.con = con;
+                c.own_pending()
+            })
+        } else {
+            Ok(())
+        };
+        let step = recovered.and_then(|()| {
+            reconnect = false;
+            c.step(&mut last_claim, &mut last_lag)
+        });
+        let work = match step {
             Ok(work) => {
                 interrupted = 0;
                 work
             }
-            // A stop and continue (SIGSTOP/SIGCONT, Ctrl-Z and fg, a paused container)
-            // interrupts a blocked read, maybe half way through a reply: connect again. What
-            // was delivered and not stored stays pending and is taken back.
             Err(e) if is_interrupted(&e) && interrupted < 100 => {
                 interrupted += 1;
                 eprintln!("quota-export: interrupted ({e}): connecting again");
-                c.con = connect(&c.opts.redis, c.opts.timeout, read_timeout)?;
-                c.own_pending()?;
+                reconnect = true;
                 continue;
             }
             Err(e) => return Err(e),

@@ -1834,7 +1834,11 @@ fn run_goes_on_after_a_stop_and_continue() {
             if code == Some(0) && out.contains(&format!("database: {n} usage rows")) {
                 return;
             }
-            assert!(Instant::now() < deadline, "not exported: {out}");
+            assert!(
+                Instant::now() < deadline,
+                "not exported: {out}\nrun's log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };
