@@ -1121,10 +1121,6 @@ fn the_sweeper_forgets_window_ids_whose_bucket_left_the_window() {
     assert_eq!(info(&mut r, "w")["remembered_ids"], 0);
 }
 
-fn used_memory(c: &mut redis::Connection) -> i64 {
-    info_section(c, "memory")["used_memory"]
-}
-
 /// MEMORY USAGE of a window key holding 20 000 remembered ids is within 10 % of what deleting
 /// it gives back: client ids of 16 bytes (stored in the queue's slots: at most 64 bytes an id)
 /// and of 36 (a UUID's length: each one allocation of its own besides).
@@ -1183,14 +1179,7 @@ fn memory_usage_of_remembered_ids_is_within_10_percent() {
         // A fresh connection: the pipelining client's buffers would move used_memory meanwhile.
         std::thread::sleep(Duration::from_millis(50));
         let c = &mut s.conn();
-        let mut last = used_memory(c);
-        for _ in 0..10 {
-            let now = used_memory(c);
-            if now == last {
-                break;
-            }
-            last = now;
-        }
+        settled_used_memory(c);
         let reported = int(&ok(c, &["MEMORY", "USAGE", key]));
         let before = used_memory(c);
         ok(c, &["DEL", key]);

@@ -11,10 +11,6 @@ fn stats(c: &mut redis::Connection) -> BTreeMap<String, i64> {
     info_section(c, "quota")
 }
 
-fn used_memory(c: &mut redis::Connection) -> i64 {
-    info_section(c, "memory")["used_memory"]
-}
-
 /// Sends `n` commands built by `make` in pipelined batches; every reply must be a success.
 fn pipelined(c: &mut redis::Connection, n: usize, make: impl Fn(usize) -> Vec<String>) {
     let mut i = 0;
@@ -370,14 +366,7 @@ fn reported_and_freed(s: &Server, c: redis::Connection, keys: &[String]) -> (i64
     let c = &mut s.conn();
     // A new connection's first commands grow its buffers (about 25 KB each, twice): wait until
     // used_memory stands still before measuring.
-    let mut last = used_memory(c);
-    for _ in 0..10 {
-        let now = used_memory(c);
-        if now == last {
-            break;
-        }
-        last = now;
-    }
+    settled_used_memory(c);
     let mut reported = 0;
     for k in keys {
         reported += int(&ok(c, &["MEMORY", "USAGE", k]));

@@ -422,6 +422,25 @@ pub fn info_section(
         .collect()
 }
 
+/// `INFO memory`'s `used_memory` (bytes).
+pub fn used_memory(c: &mut redis::Connection) -> i64 {
+    info_section(c, "memory")["used_memory"]
+}
+
+/// `used_memory` once it stands still (two equal readings, at most 10 tries): a new
+/// connection's first commands grow its buffers, which would move a measurement.
+pub fn settled_used_memory(c: &mut redis::Connection) -> i64 {
+    let mut last = used_memory(c);
+    for _ in 0..10 {
+        let now = used_memory(c);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
 /// The arguments of a command written as one line (split on white space; none may be empty or
 /// hold a space).
 pub fn words(line: &str) -> Vec<&str> {
