@@ -100,7 +100,7 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
             }
             Err(e) if is_interrupted(&e) && interrupted < 100 => {
                 interrupted += 1;
-                eprintln!("quota-export: interrupted ({e}): connecting again");
+                note!("quota-export: interrupted ({e}): connecting again");
                 reconnect = true;
                 continue;
             }
@@ -109,7 +109,7 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
         if c.opts.once && work == 0 {
             c.update_lag()?;
             c.progress.finish_and_clear();
-            eprintln!(
+            note!(
                 "quota-export: caught up: {} entries exported by this run",
                 c.exported
             );
@@ -119,11 +119,12 @@ pub fn run(opts: RunOptions, metrics: Shared) -> Result<(), Error> {
                 .map(|m| m.pending.values().sum())
                 .unwrap_or(0);
             if pending > 0 {
-                eprintln!(
+                note!(
                     "quota-export: note: {pending} entries are still pending at other consumers \
                      of group {:?}: they are taken over once idle for --claim-idle-ms ({} ms); \
                      run again then (or with a lower --claim-idle-ms if those consumers are dead)",
-                    c.opts.group, c.opts.claim_idle_ms
+                    c.opts.group,
+                    c.opts.claim_idle_ms
                 );
             }
             return Ok(());
@@ -174,7 +175,7 @@ impl Consumer {
                 .arg(0)
                 .query(&mut self.con);
             match r {
-                Ok(_) if !existed => eprintln!(
+                Ok(_) if !existed => note!(
                     "quota-export: warning: stream {s} did not exist in {}: created it empty, \
                      with group {:?}. If no budget logs to it yet that is fine; otherwise check \
                      --stream and the database number in --redis (QUOTA.INFO <budget key> shows \
@@ -246,7 +247,7 @@ impl Consumer {
                     .unwrap_or_else(|| "0-0".into());
                 let (entries, bad) = parts.get(1).map(entry::parse_entries).unwrap_or_default();
                 for b in bad {
-                    eprintln!("quota-export: {s}: odd XAUTOCLAIM reply element skipped: {b}");
+                    note!("quota-export: {s}: odd XAUTOCLAIM reply element skipped: {b}");
                 }
                 // Entries deleted while pending (trimmed): Redis drops them from the PEL.
                 if let Some(Value::Array(deleted)) = parts.get(2) {
@@ -261,7 +262,7 @@ impl Consumer {
                             .store(&[], &ids)
                             .map_err(|e| db_error(&self.opts.db, &e))?;
                         if recorded > 0 {
-                            eprintln!(
+                            note!(
                                 "quota-export: {s}: {recorded} pending entries were deleted \
                                  (trimmed or XDEL) before export"
                             );
@@ -326,9 +327,10 @@ impl Consumer {
                 Some(fields) => match entry::parse_row(stream, &e.id, fields) {
                     Ok(r) => rows.push(r),
                     Err(m) => {
-                        eprintln!(
+                        note!(
                             "quota-export: {stream} {}: malformed entry skipped: {}",
-                            m.entry_id, m.reason
+                            m.entry_id,
+                            m.reason
                         );
                         rejects.push(m);
                     }
@@ -358,7 +360,7 @@ impl Consumer {
             }
         }
         if lost > 0 {
-            eprintln!("quota-export: {stream}: {lost} pending entries were deleted (trimmed or XDEL) before export");
+            note!("quota-export: {stream}: {lost} pending entries were deleted (trimmed or XDEL) before export");
             self.lost(stream, lost);
         }
         self.show();
@@ -414,7 +416,7 @@ fn streams_of(reply: &Value) -> Vec<(String, Vec<RawEntry>)> {
         if let Some(n) = entry::text_of(name) {
             let (e, bad) = entry::parse_entries(entries);
             for b in bad {
-                eprintln!("quota-export: {n}: odd reply element skipped: {b}");
+                note!("quota-export: {n}: odd reply element skipped: {b}");
             }
             out.push((n, e));
         }

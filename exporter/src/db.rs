@@ -20,26 +20,21 @@ pub const DELETED_WHILE_PENDING: &str =
 /// (`scheme://user:***@host/...`, also without the scheme) and any query parameter whose name
 /// holds `pass` (`?password=***`, `?pass=***`).
 pub fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), url),
-    };
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
+    let parts = UrlParts::of(url);
+    let authority = match parts.userinfo {
+        Some(userinfo) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
             if userinfo.contains(':') || user.is_empty() {
-                format!("{user}:***@{host}")
+                format!("{user}:***@{}", parts.host)
             } else {
-                format!("{user}@{host}")
+                format!("{user}@{}", parts.host)
             }
         }
-        None => authority.to_string(),
+        None => parts.host.to_string(),
+    };
+    let (path, query) = match parts.after.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (parts.after, None),
     };
     let query = query.map(|q| {
         let params: Vec<String> = q
@@ -51,7 +46,41 @@ pub fn redact(url: &str) -> String {
             .collect();
         format!("?{}", params.join("&"))
     });
-    format!("{scheme}{authority}{path}{}", query.unwrap_or_default())
+    format!(
+        "{}{authority}{path}{}",
+        parts.scheme,
+        query.unwrap_or_default()
+    )
+}
+
+/// A URL cut where its password can be: `scheme://`, the userinfo (before the *last* `@`, so a
+/// password may hold `/`, `?` or `#`), the host, and what follows (path, query).
+struct UrlParts<'a> {
+    scheme: &'a str,
+    userinfo: Option<&'a str>,
+    host: &'a str,
+    after: &'a str,
+}
+
+impl<'a> UrlParts<'a> {
+    fn of(url: &'a str) -> UrlParts<'a> {
+        let (scheme, rest) = match url.find("://") {
+            Some(i) => url.split_at(i.saturating_add(3)),
+            None => ("", url),
+        };
+        let (userinfo, hosted) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let host_end = hosted.find(['/', '?', '#']).unwrap_or(hosted.len());
+        let (host, after) = hosted.split_at(host_end);
+        UrlParts {
+            scheme,
+            userinfo,
+            host,
+            after,
+        }
+    }
 }
 
 /// How long connecting to a database or to Redis, and one reply, may take before the command
@@ -219,15 +248,12 @@ fn sqlite_path(target: &str) -> &str {
 /// `text` with every password `url` holds (its userinfo's, and query parameters named like
 /// `pass`) replaced by `***`: a driver's error may quote the URL.
 pub fn scrub(text: &str, url: &str) -> String {
+    let parts = UrlParts::of(url);
     let mut secrets: Vec<&str> = Vec::new();
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let authority = rest.split('/').next().unwrap_or_default();
-    if let Some((userinfo, _)) = authority.rsplit_once('@') {
-        if let Some((_, pw)) = userinfo.split_once(':') {
-            secrets.push(pw);
-        }
+    if let Some((_, pw)) = parts.userinfo.and_then(|u| u.split_once(':')) {
+        secrets.push(pw);
     }
+    let query = parts.after.split_once('?').map_or("", |(_, q)| q);
     for kv in query.split('&') {
         if let Some((k, v)) = kv.split_once('=') {
             if k.to_ascii_lowercase().contains("pass") {
@@ -599,6 +625,11 @@ mod tests {
         assert_eq!(redact("usage.db"), "usage.db");
         assert_eq!(redact("redis://u:p@ss@h/0"), "redis://u:***@h/0");
         assert_eq!(redact("u:pw@h:6379"), "u:***@h:6379");
+        assert_eq!(redact("redis://u:SECa/bRET@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(
+            redact("postgres://u:a?b#c@h/db?x=1"),
+            "postgres://u:***@h/db?x=1"
+        );
         assert_eq!(
             redact("redis+unix:///tmp/x.sock?db=0&pass=pw"),
             "redis+unix:///tmp/x.sock?db=0&pass=***"

@@ -1,6 +1,15 @@
 //! `quota-export`: moves redis-quota usage streams into SQLite or PostgreSQL exactly once, and
 //! reconciles the database with the budgets. See docs/usage-export.md.
 
+/// `eprintln!` that never panics: a log that cannot be written (a full disk, a closed pipe)
+/// must not end the exporter with a panic; the message is dropped.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod consumer;
 mod db;
 mod entry;
@@ -178,12 +187,12 @@ fn main() -> ExitCode {
             let text = db::with_sources(&*e);
             if from_db {
                 let shown = db::redact(&db_target);
-                eprintln!(
+                note!(
                     "quota-export: error: database {shown}: {}",
                     db::scrub(&text, &db_target)
                 );
             } else {
-                eprintln!("quota-export: error: {text}");
+                note!("quota-export: error: {text}");
             }
             ExitCode::from(2)
         }

@@ -833,6 +833,13 @@ fn reconcile_against_the_wrong_redis_database_is_not_ok() {
     let err = String::from_utf8_lossy(&full.stderr);
     assert_eq!(full.status.code(), Some(2), "{err}");
     assert!(err.contains("writing the report to stdout"), "{err}");
+    // A log that cannot be written is dropped, not a panic.
+    let full = Command::new(EXPORTER)
+        .args(["reconcile", "--redis", "redis://127.0.0.1:1/", "--db", db])
+        .stderr(std::fs::File::create("/dev/full").unwrap())
+        .status()
+        .unwrap();
+    assert_eq!(full.code(), Some(2));
 
     let wrong = format!("redis://127.0.0.1:{}/5", server.port);
     let (code, out, _) = reconcile_out(&wrong, db);
