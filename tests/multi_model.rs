@@ -523,7 +523,14 @@ impl Run {
                         prop_assert_eq!(*index, first);
                         prop_assert_eq!(Expect::Denied(*retry_after_ms), expects[first].clone());
                     }
-                    (Ok(MReserve::Granted { id, effects }), Ok("granted")) => {
+                    (
+                        Ok(MReserve::Granted {
+                            id,
+                            effects,
+                            remaining,
+                        }),
+                        Ok("granted"),
+                    ) => {
                         if client.is_none() {
                             // A generated id is new on every listed key.
                             for &i in pick {
@@ -540,6 +547,15 @@ impl Run {
                         }
                         prop_assert!(effects.iter().all(|e| !e.is_empty()));
                         apply(&mut self.keys, pick, effects, now);
+                        // A window's planned remaining is its value once applied.
+                        for (&i, r) in pick.iter().zip(remaining) {
+                            if let (Some(r), Key::Window(w)) = (r, &self.keys[i]) {
+                                prop_assert_eq!(
+                                    *r,
+                                    redis_quota::core::multi::value(Limit::Window(w), now)
+                                );
+                            }
+                        }
                         for (&i, &a) in pick.iter().zip(amounts) {
                             match &mut self.model[i] {
                                 RKey::Budget(b) => {

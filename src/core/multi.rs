@@ -21,6 +21,8 @@
 //!   in MSETTLE, a window key whose id was rolled back (its count was given back: a window is
 //!   a rate limit, not the bill), so the budgets' late charges are not lost.
 
+use smallvec::SmallVec;
+
 use crate::core::book::Id;
 use crate::core::error::LedgerError;
 use crate::core::id::StreamId;
@@ -28,6 +30,10 @@ use crate::core::ledger::{
     Budget, Effects, Policy, ReserveReply, RollbackStatus, SettleStatus, NO_ID_LEFT,
 };
 use crate::core::window::{IdPlan, Window, WindowEffect, NOT_CONFIGURED};
+
+/// A window key's planned effects: at most one in every plan here, held inline (no
+/// allocation per key on the write path).
+pub type WindowEffects = smallvec::SmallVec<[WindowEffect; 1]>;
 
 /// A multi-key command's error and the listed key it is about: `index` is that key's
 /// 0-based position in the command (`None` for an error about the request as a whole, e.g.
@@ -77,7 +83,7 @@ pub enum KeyEffects {
     /// A budget's effects, at the budget's time `now`.
     Budget { now: i64, effects: Effects },
     /// A window's effects, at the command's time.
-    Window(Vec<WindowEffect>),
+    Window(WindowEffects),
 }
 
 impl KeyEffects {
@@ -93,8 +99,14 @@ impl KeyEffects {
 /// What MRESERVE decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MReserve {
-    /// Every key grants: the id and the effects per key.
-    Granted { id: Id, effects: Vec<KeyEffects> },
+    /// Every key grants: the id, the effects per key, and each window key's remaining after
+    /// the grant (its check's, less its amount: no second pass over its buckets), `None` at
+    /// a budget key (known once its effects are applied).
+    Granted {
+        id: Id,
+        effects: Vec<KeyEffects>,
+        remaining: SmallVec<[Option<i64>; 8]>,
+    },
     /// Every key knows the id as pending with the same amount: nothing more is taken.
     Retried { id: Id },
     /// `index`: the first key that denied; `retry_after_ms` its (a window's exact retry, a
@@ -242,6 +254,7 @@ pub fn plan_mreserve_keep(
         None => fresh_id(limits, wall)?,
     };
     let mut planned = Vec::with_capacity(limits.len());
+    let mut remaining = SmallVec::with_capacity(limits.len());
     let mut retried = 0usize;
     let mut denied: Option<(usize, i64)> = None;
     // The first key that does not know the id: the one at fault when others do (a retry),
@@ -266,25 +279,33 @@ pub fn plan_mreserve_keep(
                     now,
                     effects: plan.effects,
                 });
+                remaining.push(None);
             }
             Limit::Window(w) => {
                 let cfg = window_config(w).map_err(|e| KeyError::at(i, e))?;
+                let mut after = None;
                 let effects = match w
                     .plan_id_reserve(wall, &id, amount, policy.max_pending)
                     .map_err(|e| KeyError::at(i, e))?
                 {
                     IdPlan::Retried => {
                         retried = retried.saturating_add(1);
-                        vec![]
+                        WindowEffects::new()
                     }
                     IdPlan::Denied(d) => {
                         first_fresh = first_fresh.or(Some((i, true)));
                         denied = denied.or(Some((i, d.retry_after_ms)));
-                        vec![]
+                        WindowEffects::new()
                     }
-                    _ => {
+                    plan => {
                         first_fresh = first_fresh.or(Some((i, true)));
-                        vec![WindowEffect::Count {
+                        // Granted at the held precision: the record neither clamps nor
+                        // rebuckets (as `Window::record_admitted`).
+                        if let (IdPlan::Grant(d), true) = (plan, w.precision() == cfg.precision_ms)
+                        {
+                            after = Some(d.remaining.saturating_sub(amount).max(0));
+                        }
+                        smallvec::smallvec![WindowEffect::Count {
                             window_ms: cfg.window_ms,
                             precision_ms: cfg.precision_ms,
                             cost: amount,
@@ -293,6 +314,7 @@ pub fn plan_mreserve_keep(
                     }
                 };
                 planned.push(KeyEffects::Window(effects));
+                remaining.push(after);
             }
         }
     }
@@ -308,6 +330,7 @@ pub fn plan_mreserve_keep(
         None => MReserve::Granted {
             id,
             effects: planned,
+            remaining,
         },
     })
 }
@@ -416,13 +439,13 @@ pub fn plan_msettle_actuals(
                 {
                     IdPlan::Corrected { .. } => (
                         KeyStatus::Corrected,
-                        vec![WindowEffect::Settle {
+                        smallvec::smallvec![WindowEffect::Settle {
                             id: Id::from_slice(id),
                             actual,
                         }],
                     ),
-                    IdPlan::Duplicate => (KeyStatus::Duplicate, vec![]),
-                    _ => (KeyStatus::Skipped, vec![]),
+                    IdPlan::Duplicate => (KeyStatus::Duplicate, WindowEffects::new()),
+                    _ => (KeyStatus::Skipped, WindowEffects::new()),
                 };
                 (status, actual, KeyEffects::Window(effects))
             }
@@ -472,12 +495,12 @@ pub fn plan_mrollback(
                     IdPlan::RolledBack { released } => (
                         KeyStatus::RolledBack,
                         released,
-                        vec![WindowEffect::Rollback {
+                        smallvec::smallvec![WindowEffect::Rollback {
                             id: Id::from_slice(id),
                         }],
                     ),
-                    IdPlan::Duplicate => (KeyStatus::Duplicate, 0, vec![]),
-                    _ => (KeyStatus::Skipped, 0, vec![]),
+                    IdPlan::Duplicate => (KeyStatus::Duplicate, 0, WindowEffects::new()),
+                    _ => (KeyStatus::Skipped, 0, WindowEffects::new()),
                 };
                 (status, released, KeyEffects::Window(effects))
             }
@@ -515,7 +538,7 @@ pub fn plan_mextend(
             }
             Limit::Window(w) => {
                 window_config(w).map_err(|e| KeyError::at(i, e))?;
-                KeyEffects::Window(vec![])
+                KeyEffects::Window(WindowEffects::new())
             }
         });
     }

@@ -278,19 +278,20 @@ fn check_streams<'e>(
 
 /// Applies every key's planned effects (keys with none are declared unchanged), replicates
 /// what was applied as one `QUOTA.MAPPLY` ([`crate::shell::mapply`]), and returns the value
-/// of each key afterwards. The plans were made on these very values (and their usage streams
+/// of each key afterwards (a window key's from `known`, when its plan worked it out). The plans were made on these very values (and their usage streams
 /// checked, [`check_streams`]), so an effect that does not apply is a bug; it is reported as
 /// the error, what was applied before it stays (and is replicated), as for `QUOTA.APPLY`.
 fn apply_all<'a>(
     ctx: &Context,
     opened: &mut [Opened<'a>],
     planned: &[KeyEffects],
+    known: Option<&[Option<i64>]>,
     wall: i64,
 ) -> Result<Values, RedisError> {
     let mut failed = None;
     let mut values = Values::with_capacity(opened.len());
     let mut batch = Batch::with_keys(opened.len());
-    for (o, p) in opened.iter_mut().zip(planned) {
+    for (i, (o, p)) in opened.iter_mut().zip(planned).enumerate() {
         if failed.is_some() {
             o.key.unchanged();
             continue;
@@ -325,7 +326,8 @@ fn apply_all<'a>(
                 let (applied, error) =
                     window_effects::apply_at_key(ctx, &mut o.key, name, wall, effects);
                 batch.window(name, wall, effects.get(..applied).unwrap_or(&[]));
-                (error, value_of(o, wall))
+                let known = known.and_then(|k| k.get(i).copied().flatten());
+                (error, known.unwrap_or_else(|| value_of(o, wall)))
             }
         };
         values.push(value);
@@ -437,8 +439,12 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 &values_now(&opened, wall)?,
             ))
         }
-        MReserve::Granted { id, effects } => {
-            let values = apply_all(ctx, &mut opened, &effects, wall)?;
+        MReserve::Granted {
+            id,
+            effects,
+            remaining,
+        } => {
+            let values = apply_all(ctx, &mut opened, &effects, Some(&remaining), wall)?;
             stats::bump(&stats::MRESERVE_GRANTED);
             Ok(reserve_reply(ctx, Some(&id), -1, 0, &values))
         }
@@ -488,7 +494,7 @@ fn apply_outcomes(
         rows.push((status, n));
         effects.push(e);
     }
-    let values = apply_all(ctx, opened, &effects, wall)?;
+    let values = apply_all(ctx, opened, &effects, None, wall)?;
     for (status, _) in &rows {
         match status {
             KeyStatus::Settled | KeyStatus::Corrected => stats::bump(&stats::MSETTLED),
@@ -601,7 +607,7 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
         check_streams(ctx, &names, limits, effects.iter())?;
         Ok(effects)
     })?;
-    apply_all(ctx, &mut opened, &effects, wall)?;
+    apply_all(ctx, &mut opened, &effects, None, wall)?;
     stats::bump(&stats::MEXTENDED);
     Ok(RedisValue::Array(
         opened
