@@ -1232,6 +1232,14 @@ impl Window {
         let now = self.effective_now(now_ms);
         let horizon_ms = self.next_horizon(params);
         let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
+        // The usual case without a pass over the buckets: at the held precision, everything
+        // held plus the cost fits i64, so what is kept plus the cost and the newest bucket plus
+        // the cost fit too; only the cost's bucket index is left to check (as `plan` does).
+        if p == self.precision_ms
+            && i64::try_from(self.buckets.total.saturating_add(i128::from(c))).is_ok()
+        {
+            return bucket_of(i128::from(now), p).map(|_| ());
+        }
         match self.rebucketed(params.precision_ms)? {
             Some(converted) => plan(Held::converted(&converted), p, h, now, c).map(|_| ()),
             None => {
