@@ -37,6 +37,9 @@ pub const MAPPLY: &CStr = c"QUOTA.MAPPLY";
 /// Most keys one line names (as the multi-key commands).
 const MAX_KEYS: usize = crate::shell::multi_cmds::MAX_KEYS;
 
+// Every line's keys fit one replicated command.
+const _: () = assert!(MAX_KEYS <= replicate::MAX_REPLICATED_KEYS);
+
 /// The effects applied to each key of one multi-key write, gathered to be replicated once.
 pub struct Batch<'a> {
     keys: SmallVec<[&'a RedisString; MAX_KEYS]>,

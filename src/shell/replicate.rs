@@ -117,33 +117,70 @@ fn replicate_packed(ctx: &Context, command: &CStr, key: &RedisString, packed: &P
     }
 }
 
-/// `RedisModule_Replicate(ctx, command, "lvb", numkeys, keys, packed)`: `command numkeys key
-/// [key ...] <packed>` in one call (one command lookup, one entry in the stream), checking the
-/// status.
+/// Most keys [`replicate_keys_packed`] names (the multi-key commands' `numkeys`).
+pub const MAX_REPLICATED_KEYS: usize = 16;
+
+/// `RedisModule_Replicate(ctx, command, "l" + "s"×n + "b", n, key..., packed)`: `command
+/// numkeys key [key ...] <packed>` in one call (one command lookup, one entry in the stream),
+/// checking the status. Each key is its own `s`: Redis sizes its argv from the format, where a
+/// `v` list would make it grow the argv twice. More than [`MAX_REPLICATED_KEYS`] keys (never:
+/// the commands refuse them) is not replicated, and logged.
 pub fn replicate_keys_packed(
     ctx: &Context,
     command: &CStr,
     keys: &[&RedisString],
     packed: &Packed,
 ) {
-    let mut argv: smallvec::SmallVec<[*mut raw::RedisModuleString; 16]> =
-        keys.iter().map(|k| k.inner).collect();
+    let n = keys.len();
+    let mut k = [std::ptr::null_mut::<raw::RedisModuleString>(); MAX_REPLICATED_KEYS];
+    for (slot, key) in k.iter_mut().zip(keys) {
+        *slot = key.inner;
+    }
+    // "l", then one "s" per key, then "b", NUL-terminated.
+    let mut format = [0u8; MAX_REPLICATED_KEYS + 3];
+    format[0] = b'l';
+    for c in format.iter_mut().skip(1).take(n) {
+        *c = b's';
+    }
+    if let Some(c) = format.get_mut(n.saturating_add(1)) {
+        *c = b'b';
+    }
     let bytes = packed.as_bytes();
-    let n = argv.len();
-    // SAFETY: a live context, key strings and buffer for the duration of the call; "l" takes a
-    // long long, "v" (RedisModuleString**, size_t) (Redis takes a reference to each), "b"
-    // (const char*, size_t) (Redis copies the buffer).
+    let (p, len) = (bytes.as_ptr().cast::<c_char>(), bytes.len());
+    let numkeys = std::os::raw::c_longlong::try_from(n).unwrap_or(0);
+    let fmt = format.as_ptr().cast::<c_char>();
+    let cmd = command.as_ptr();
+    /// One call with the first `n` keys, then the buffer, for each `n` listed.
+    macro_rules! with_keys {
+        ($f:expr; $($n:literal => [$($i:literal),+]),+ $(,)?) => {
+            match n {
+                $($n => $f(ctx.ctx, cmd, fmt, numkeys, $(k[$i],)+ p, len),)+
+                _ => raw::REDISMODULE_ERR as i32,
+            }
+        };
+    }
+    // SAFETY: a live context, key strings and buffer for the duration of the call. The format
+    // names exactly the variadic arguments passed: a long long, `n` RedisModuleString* (Redis
+    // takes a reference to each), then (const char*, size_t) (Redis copies the buffer).
     let status = unsafe {
         match raw::RedisModule_Replicate {
-            Some(f) => f(
-                ctx.ctx,
-                command.as_ptr(),
-                c"lvb".as_ptr(),
-                std::os::raw::c_longlong::try_from(n).unwrap_or(0),
-                argv.as_mut_ptr(),
-                n,
-                bytes.as_ptr().cast::<c_char>(),
-                bytes.len(),
+            Some(f) => with_keys!(f;
+                1 => [0],
+                2 => [0, 1],
+                3 => [0, 1, 2],
+                4 => [0, 1, 2, 3],
+                5 => [0, 1, 2, 3, 4],
+                6 => [0, 1, 2, 3, 4, 5],
+                7 => [0, 1, 2, 3, 4, 5, 6],
+                8 => [0, 1, 2, 3, 4, 5, 6, 7],
+                9 => [0, 1, 2, 3, 4, 5, 6, 7, 8],
+                10 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+                11 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+                12 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+                13 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+                14 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+                15 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+                16 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             ),
             None => raw::REDISMODULE_ERR as i32,
         }
