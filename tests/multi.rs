@@ -1011,6 +1011,66 @@ fn replica_and_aof_replays_are_digest_equal_after_a_multi_key_workload() {
     }
 }
 
+/// Every key count from 1 to 16 (a budget and a window key in turn) is replicated as one
+/// `QUOTA.MAPPLY` naming each key: the replica and the AOF replay reach the master's digests.
+/// (The replication's format is built per count: one `s` per key.)
+#[test]
+fn one_to_sixteen_keys_each_replicate_as_one_mapply_line() {
+    let mut master = Server::start_with_module_args(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+        &["test-clock", "yes", "sweep-effort", "0"],
+    );
+    let replica = Server::start(&[]);
+    replica.replicate_from(&master);
+    let mut c = master.conn();
+    let names: Vec<String> = (0..16).map(|i| format!("n:{{t}}:k{i}")).collect();
+    for (i, k) in names.iter().enumerate() {
+        if i % 2 == 0 {
+            oka(&mut c, 0, &["QUOTA.SET", k, "LIMIT", "1000"]);
+        } else {
+            oka(&mut c, 0, &["QUOTA.SET", k, "WINDOW", "1000", "60000"]);
+        }
+    }
+    for n in 1..=16usize {
+        let mut args = vec!["QUOTA.MRESERVE".to_string(), n.to_string()];
+        args.extend(names.iter().take(n).cloned());
+        args.extend((0..n).map(|_| "1".to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = items(&oka(&mut c, 1, &args));
+        assert_eq!(int(&r[0]), 1, "{n} keys");
+        // The first key (a budget) has given 1 to each of the n requests so far.
+        assert_eq!(ints(&r[4]).len(), n);
+        assert_eq!(ints(&r[4])[0], 1000 - n as i64, "{n} keys");
+    }
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    assert_eq!(acked, 1);
+    let before = digests(&mut c);
+    assert_eq!(before.len(), 16);
+    assert_eq!(before, digests(&mut replica.conn()), "replica");
+    let mut aof = Vec::new();
+    for entry in std::fs::read_dir(master.dir.join("appendonlydir")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(".incr.aof") {
+            aof.extend(std::fs::read(path).unwrap());
+        }
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&aof)
+            .matches("QUOTA.MAPPLY")
+            .count(),
+        16
+    );
+    master.restart();
+    assert_eq!(before, digests(&mut master.conn()), "AOF replay");
+}
+
 /// A multi-key write goes to the AOF (and replicas) as one `QUOTA.MAPPLY` line carrying every
 /// key's effects, not one `QUOTA.APPLY` / `QUOTA.WAPPLY` per key; the AOF replays it to the
 /// same state. A client cannot send it, and a malformed line changes nothing.
