@@ -1054,13 +1054,7 @@ fn one_to_sixteen_keys_each_replicate_as_one_mapply_line() {
     let before = digests(&mut c);
     assert_eq!(before.len(), 16);
     assert_eq!(before, digests(&mut replica.conn()), "replica");
-    let mut aof = Vec::new();
-    for entry in std::fs::read_dir(master.dir.join("appendonlydir")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.to_string_lossy().ends_with(".incr.aof") {
-            aof.extend(std::fs::read(path).unwrap());
-        }
-    }
+    let aof = incr_aof(&master);
     assert_eq!(
         String::from_utf8_lossy(&aof)
             .matches("QUOTA.MAPPLY")
@@ -1113,13 +1107,7 @@ fn a_multi_key_write_is_one_mapply_line_replayed_from_the_aof() {
     );
     assert_eq!(items(&settled).len(), 6);
     let before = digests(&mut c);
-    let mut aof = Vec::new();
-    for entry in std::fs::read_dir(s.dir.join("appendonlydir")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.to_string_lossy().ends_with(".incr.aof") {
-            aof.extend(std::fs::read(path).unwrap());
-        }
-    }
+    let aof = incr_aof(&s);
     let aof = String::from_utf8_lossy(&aof);
     assert_eq!(aof.matches("QUOTA.MAPPLY").count(), 2, "{aof}");
     // QUOTA.SET's lines only: none per key from the two multi-key writes.

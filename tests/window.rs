@@ -480,23 +480,6 @@ fn command_key_positions_route_in_cluster() {
 
 // ---------------------------------------------------------------- no write, no replication
 
-/// Every `*.incr.aof` in the server's AOF directory, concatenated.
-fn incr_aof(s: &Server) -> Vec<u8> {
-    let mut out = Vec::new();
-    let dir = s.dir.join("appendonlydir");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    for f in files {
-        if f.to_string_lossy().ends_with(".incr.aof") {
-            out.extend(std::fs::read(f).unwrap());
-        }
-    }
-    out
-}
-
 fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
 }

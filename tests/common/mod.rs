@@ -370,6 +370,23 @@ pub fn keys(con: &mut redis::Connection) -> Vec<String> {
     k
 }
 
+/// Every `*.incr.aof` in the server's AOF directory, concatenated.
+pub fn incr_aof(s: &Server) -> Vec<u8> {
+    let mut out = Vec::new();
+    let dir = s.dir.join("appendonlydir");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in files {
+        if f.to_string_lossy().ends_with(".incr.aof") {
+            out.extend(std::fs::read(f).unwrap());
+        }
+    }
+    out
+}
+
 /// Digest of every key, for comparing two servers.
 pub fn all_digests(con: &mut redis::Connection) -> Vec<(String, String)> {
     keys(con)
