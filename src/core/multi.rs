@@ -33,7 +33,7 @@ use crate::core::window::{IdPlan, Window, WindowEffect, NOT_CONFIGURED};
 
 /// A window key's planned effects: at most one in every plan here, held inline (no
 /// allocation per key on the write path).
-pub type WindowEffects = smallvec::SmallVec<[WindowEffect; 1]>;
+pub type WindowEffects = SmallVec<[WindowEffect; 1]>;
 
 /// A multi-key command's error and the listed key it is about: `index` is that key's
 /// 0-based position in the command (`None` for an error about the request as a whole, e.g.
@@ -299,11 +299,8 @@ pub fn plan_mreserve_keep(
                     }
                     plan => {
                         first_fresh = first_fresh.or(Some((i, true)));
-                        // Granted at the held precision: the record neither clamps nor
-                        // rebuckets (as `Window::record_admitted`).
-                        if let (IdPlan::Grant(d), true) = (plan, w.precision() == cfg.precision_ms)
-                        {
-                            after = Some(d.remaining.saturating_sub(amount).max(0));
+                        if let IdPlan::Grant(d) = plan {
+                            after = w.remaining_after_admitted(&d, cfg.precision_ms, amount);
                         }
                         smallvec::smallvec![WindowEffect::Count {
                             window_ms: cfg.window_ms,

@@ -952,6 +952,21 @@ impl Window {
         self.record_inner(params, now_ms, Some(checked))
     }
 
+    /// What remains after counting `cost` under a configuration at `precision_ms` that
+    /// `checked` (this window's [`Window::check`] before the count) admitted, without a pass
+    /// over the buckets: the rule of [`Window::record_admitted`]. `None` when not admitted, or
+    /// when the buckets are held at another precision (the record rebuckets them: read the
+    /// value after it).
+    pub fn remaining_after_admitted(
+        &self,
+        checked: &WindowDecision,
+        precision_ms: i64,
+        cost: i64,
+    ) -> Option<i64> {
+        (checked.allowed && precision_ms == self.precision_ms)
+            .then(|| checked.remaining.saturating_sub(cost).max(0))
+    }
+
     fn record_inner(
         &mut self,
         params: &WindowParams,

@@ -278,9 +278,10 @@ fn check_streams<'e>(
 
 /// Applies every key's planned effects (keys with none are declared unchanged), replicates
 /// what was applied as one `QUOTA.MAPPLY` ([`crate::shell::mapply`]), and returns the value
-/// of each key afterwards (a window key's from `known`, when its plan worked it out). The plans were made on these very values (and their usage streams
-/// checked, [`check_streams`]), so an effect that does not apply is a bug; it is reported as
-/// the error, what was applied before it stays (and is replicated), as for `QUOTA.APPLY`.
+/// of each key afterwards (a window key's from `known`, when its plan worked it out). The
+/// plans were made on these very values (and their usage streams checked,
+/// [`check_streams`]), so an effect that does not apply is a bug; it is reported as the error,
+/// what was applied before it stays (and is replicated), as for `QUOTA.APPLY`.
 fn apply_all<'a>(
     ctx: &Context,
     opened: &mut [Opened<'a>],
