@@ -585,6 +585,30 @@ fn window_costs_near_i64_max_are_denied_and_overflow_only_beyond_the_window() {
     // Once the first cost has left the horizon, the same call is admitted.
     let r = items(&window(&mut c, "1000", &max, 10_500).unwrap());
     assert_eq!(int(&r[0]), 1, "{r:?}");
+    // The same on a configured key (`QUOTA.SET key WINDOW`, then `QUOTA.WINDOW key COST n`):
+    // the same error, and nothing changes.
+    let set = |c: &mut redis::Connection, window_ms: &str, dt: i64| {
+        q(
+            c,
+            &["QUOTA.SET", "cw", "WINDOW", &max, window_ms, "AT", &at(dt)],
+        )
+        .unwrap();
+    };
+    set(&mut c, "10000", 20_000);
+    let cost = |c: &mut redis::Connection, n: &str, dt: i64| {
+        q(c, &["QUOTA.WINDOW", "cw", "COST", n, "AT", &at(dt)])
+    };
+    assert_eq!(int(&items(&cost(&mut c, &max, 20_000).unwrap())[0]), 1);
+    set(&mut c, "1000", 20_010);
+    let before = digest(&mut c, "cw");
+    let e = cost(&mut c, &max, 23_000).unwrap_err();
+    assert_eq!(
+        format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or("")),
+        "ERR overflow"
+    );
+    assert_eq!(digest(&mut c, "cw"), before);
+    let r = items(&cost(&mut c, &max, 30_500).unwrap());
+    assert_eq!(int(&r[0]), 1, "{r:?}");
 }
 
 /// Issue 19's error nits: numkeys' range is checked first by every M* command (before the

@@ -179,6 +179,13 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
         return reply(ctx, &checked);
     }
     if configured {
+        // What the record would refuse (the key holding, for a longer horizon, more than its
+        // window counts: `ERR overflow`) is refused here as on an unconfigured key, before
+        // the effect is applied (whose refusal would read as a replica's).
+        if let Some(Err(e)) = stored.map(|w| w.record_fits(&params, now)) {
+            key.unchanged();
+            return Err(error_reply(e));
+        }
         // A configured key: no expiry, and the effect form of QUOTA.WAPPLY.
         let effect = WindowEffect::Count {
             window_ms: params.window_ms,
