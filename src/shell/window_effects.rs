@@ -143,62 +143,56 @@ pub fn apply_at_key(
     at_ms: i64,
     effects: &[WindowEffect],
 ) -> (usize, Option<RedisError>) {
-    let mut applied = 0usize;
-    let mut error = None;
-    let mut created: Option<Window> = None;
-    let mut configured = false;
-    let had_ids =
-        matches!(key.value::<Window>(&WINDOW_TYPE), Ok(Some(w)) if !w.remembered().is_empty());
-    match key.value_mut::<Window>(&WINDOW_TYPE) {
-        Err(e) => error = Some(e),
-        Ok(mut existing) => {
-            for e in effects {
-                let w: &mut Window = match (existing.as_deref_mut(), created.as_mut()) {
-                    (Some(w), _) => w,
-                    (None, Some(w)) => w,
-                    (None, None) => match new_window(e, at_ms) {
-                        Some(w) => created.insert(w),
-                        None => {
-                            error = Some(RedisError::Str(
-                                "ERR effect does not apply: no window at this key",
-                            ));
-                            break;
-                        }
-                    },
-                };
-                if let Err(err) = w.apply(at_ms, e) {
-                    error = Some(RedisError::String(format!(
-                        "ERR effect does not apply: {}",
-                        err.to_string().trim_start_matches("ERR ")
-                    )));
-                    break;
-                }
-                configured = w.config().is_some();
-                applied = applied.saturating_add(1);
-            }
+    // The value is looked up once: applied to and indexed through the same reference.
+    let existing = match key.value_mut::<Window>(&WINDOW_TYPE) {
+        Ok(existing) => existing,
+        Err(e) => {
+            key.unchanged();
+            return (0, Some(e));
         }
-    }
-    if applied == 0 {
-        key.unchanged();
-        return (0, error);
-    }
-    if let Some(w) = created {
-        match key.set_value(&WINDOW_TYPE, w) {
-            Ok(()) => stats::bump(&stats::WINDOW_KEYS),
-            Err(e) => {
+    };
+    let (applied, error, configured) = match existing {
+        Some(w) => {
+            let had_ids = !w.remembered().is_empty();
+            let (applied, error) = apply_each(w, at_ms, effects);
+            if applied == 0 {
+                key.unchanged();
+                return (0, error);
+            }
+            track_window(ctx, key_name, w, had_ids);
+            (applied, error, w.config().is_some())
+        }
+        None => {
+            let Some(first) = effects.first() else {
+                key.unchanged();
+                return (0, None);
+            };
+            let Some(mut w) = new_window(first, at_ms) else {
+                key.unchanged();
+                return (
+                    0,
+                    Some(RedisError::Str(
+                        "ERR effect does not apply: no window at this key",
+                    )),
+                );
+            };
+            let (applied, error) = apply_each(&mut w, at_ms, effects);
+            if applied == 0 {
+                key.unchanged();
+                return (0, error);
+            }
+            let configured = w.config().is_some();
+            if let Err(e) = key.set_value(&WINDOW_TYPE, w) {
                 key.unchanged();
                 return (0, Some(e));
             }
+            stats::bump(&stats::WINDOW_KEYS);
+            if let Ok(Some(w)) = key.value::<Window>(&WINDOW_TYPE) {
+                track_window(ctx, key_name, w, false);
+            }
+            (applied, error, configured)
         }
-    }
-    if let Ok(Some(w)) = key.value::<Window>(&WINDOW_TYPE) {
-        sweep_index::track_window(
-            sweep_index::selected_db(ctx),
-            key_name.as_slice(),
-            w,
-            had_ids,
-        );
-    }
+    };
     if configured {
         if let Err(e) = key.remove_expire() {
             redis_module::logging::log_warning(crate::shell::log_safe(&format!(
@@ -216,6 +210,38 @@ pub fn apply_at_key(
         }
     }
     (applied, error)
+}
+
+/// Applies `effects` to `w` in order until one does not apply: how many applied, and the error
+/// of the one that did not (nothing of it applied).
+fn apply_each(w: &mut Window, at_ms: i64, effects: &[WindowEffect]) -> (usize, Option<RedisError>) {
+    let mut applied = 0usize;
+    for e in effects {
+        if let Err(err) = w.apply(at_ms, e) {
+            return (
+                applied,
+                Some(RedisError::String(format!(
+                    "ERR effect does not apply: {}",
+                    err.to_string().trim_start_matches("ERR ")
+                ))),
+            );
+        }
+        applied = applied.saturating_add(1);
+    }
+    (applied, None)
+}
+
+/// Indexes the window at `key_name` for the sweeper after a change (a key that neither had nor
+/// has ids is left alone without asking for its database).
+fn track_window(ctx: &Context, key_name: &RedisString, w: &Window, had_ids: bool) {
+    if had_ids || !w.remembered().is_empty() {
+        sweep_index::track_window(
+            sweep_index::selected_db(ctx),
+            key_name.as_slice(),
+            w,
+            had_ids,
+        );
+    }
 }
 
 /// A window for a key that holds none, if `first` may create one (a configuration or a count).
