@@ -7,8 +7,10 @@
 //! order — and found by id through a hash table of their positions in the queue
 //! (`hashbrown::HashTable<u32>`, SipHash keyed per process: client ids cannot be chosen to
 //! collide). Each id is stored once; it is hashed when it is looked up or arrives (the last
-//! id hashed is memoised: a multi-key command looks one id up in several keys) and when it
-//! leaves.
+//! id hashed is memoised: a multi-key command looks one id up in several keys). The table
+//! takes 32 bits of the hash, which an id of at most 19 bytes keeps in its slot's spare inline
+//! bytes: forgetting it (every call into a busy window forgets the ids that left) and growing
+//! the table hash nothing; a longer id is hashed again when it leaves.
 //!
 //! Memory: a 40-byte slot per id in the queue — the id inline up to 23 bytes (longer ids: one
 //! allocation of their length), the amount counted, and the bucket index with the status in
@@ -94,10 +96,15 @@ const INDEX_MASK: u64 = 0x3fff_ffff_ffff_ffff;
 /// Ids up to this many bytes are stored in the slot.
 const INLINE: usize = 23;
 
+/// Ids up to this many bytes keep their table hash in the slot's spare bytes (the last 4 of
+/// the inline array), so that forgetting or rehashing them needs no SipHash.
+const HASH_KEPT: usize = INLINE - 4;
+
 /// An id's bytes in a queue slot (24 bytes: the length byte's niche tells the variants apart).
 #[derive(Clone)]
 enum SlotId {
-    /// `len1` is the length plus one (never 0); the bytes past the length are 0.
+    /// `len1` is the length plus one (never 0). An id of at most [`HASH_KEPT`] bytes has its
+    /// [`TableHash`] in the last 4 bytes; every other byte past the length is 0.
     Inline {
         len1: NonZeroU8,
         bytes: [u8; INLINE],
@@ -107,8 +114,14 @@ enum SlotId {
 }
 
 impl SlotId {
-    fn new(id: &[u8]) -> SlotId {
+    /// The slot form of `id`, whose table hash is `h`.
+    fn new(id: &[u8], h: TableHash) -> SlotId {
         let mut bytes = [0u8; INLINE];
+        if id.len() <= HASH_KEPT {
+            if let Some(tail) = bytes.get_mut(HASH_KEPT..) {
+                tail.copy_from_slice(&h.0.to_le_bytes());
+            }
+        }
         match (bytes.get_mut(..id.len()), u8::try_from(id.len())) {
             (Some(head), Ok(len)) => {
                 head.copy_from_slice(id);
@@ -128,6 +141,18 @@ impl SlotId {
                 .unwrap_or_default(),
             SlotId::Heap(b) => b,
         }
+    }
+
+    /// The table hash of the id: kept in the slot for a short id, worked out for a longer one.
+    fn table_hash(&self) -> TableHash {
+        if let SlotId::Inline { len1, bytes } = self {
+            if usize::from(len1.get()) <= HASH_KEPT.saturating_add(1) {
+                if let Some(Ok(kept)) = bytes.get(HASH_KEPT..).map(<[u8; 4]>::try_from) {
+                    return TableHash(u32::from_le_bytes(kept));
+                }
+            }
+        }
+        hash_uncached(self.as_bytes())
     }
 
     /// Bytes allocated on the heap for it.
@@ -150,9 +175,9 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(id: &[u8], entry: Entry) -> Result<Slot, Unrepresentable> {
+    fn new(id: &[u8], h: TableHash, entry: Entry) -> Result<Slot, Unrepresentable> {
         Ok(Slot {
-            id: SlotId::new(id),
+            id: SlotId::new(id, h),
             key: pack(entry.index, entry.status)?,
             counted: entry.counted,
         })
@@ -245,11 +270,25 @@ fn hasher() -> &'static std::collections::hash_map::RandomState {
     STATE.get_or_init(std::collections::hash_map::RandomState::new)
 }
 
-/// SipHash of the id's bytes (no length prefix: SipHash's last block holds the length).
-fn hash_uncached(id: &[u8]) -> u64 {
+/// The 32 bits of an id's keyed hash that the table is indexed by: the top half of its SipHash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TableHash(u32);
+
+impl TableHash {
+    /// The 64-bit hash the table takes: the 32 bits twice, so that its bucket (the low bits)
+    /// and its tag (the top 7 bits) both come from keyed bits, independent up to 2^25 buckets.
+    fn wide(self) -> u64 {
+        let h = u64::from(self.0);
+        h.wrapping_shl(32) | h
+    }
+}
+
+/// SipHash of the id's bytes (no length prefix: SipHash's last block holds the length),
+/// reduced to the table's 32 bits.
+fn hash_uncached(id: &[u8]) -> TableHash {
     let mut h = hasher().build_hasher();
     h.write(id);
-    h.finish()
+    TableHash(h.finish().wrapping_shr(32) as u32)
 }
 
 /// Ids up to this long are memoised by [`hash`].
@@ -261,7 +300,7 @@ const MEMO_LEN: usize = 64;
 struct Memo {
     len: usize,
     bytes: [u8; MEMO_LEN],
-    hash: u64,
+    hash: TableHash,
 }
 
 thread_local! {
@@ -269,13 +308,13 @@ thread_local! {
         std::cell::RefCell::new(Memo {
             len: usize::MAX,
             bytes: [0; MEMO_LEN],
-            hash: 0,
+            hash: TableHash(0),
         })
     };
 }
 
 /// The hash of an id looked up or inserted (memoised: see [`Memo`]).
-fn hash(id: &[u8]) -> u64 {
+fn hash(id: &[u8]) -> TableHash {
     MEMO.with(|m| {
         let Ok(mut m) = m.try_borrow_mut() else {
             return hash_uncached(id);
@@ -323,10 +362,10 @@ impl Remembered {
     }
 
     /// The queue position of `id`, whose hash is `h`.
-    fn position(&self, id: &[u8], h: u64) -> Option<usize> {
+    fn position(&self, id: &[u8], h: TableHash) -> Option<usize> {
         let (slots, shift) = (&self.slots, self.shift);
         self.table
-            .find(h, |&stored| {
+            .find(h.wide(), |&stored| {
                 slots
                     .get(position_of(stored, shift))
                     .is_some_and(|s| s.id.as_bytes() == id)
@@ -348,8 +387,8 @@ impl Remembered {
     ///
     /// [`Unrepresentable`] (nothing changed) for an index outside ±2^61 or a `u32::MAX`-th id.
     pub fn put(&mut self, id: &[u8], entry: Entry) -> Result<(), Unrepresentable> {
-        let slot = Slot::new(id, entry)?;
         let h = hash(id);
+        let slot = Slot::new(id, h, entry)?;
         let in_order = self
             .slots
             .back()
@@ -358,7 +397,7 @@ impl Remembered {
         let shift = self.shift;
         let slots = &self.slots;
         let found = self.table.entry(
-            h,
+            h.wide(),
             |&stored| {
                 slots
                     .get(position_of(stored, shift))
@@ -367,7 +406,7 @@ impl Remembered {
             |&stored| {
                 slots
                     .get(position_of(stored, shift))
-                    .map_or(0, |s| hash_uncached(s.id.as_bytes()))
+                    .map_or(0, |s| s.id.table_hash().wide())
             },
         );
         match found {
@@ -417,10 +456,10 @@ impl Remembered {
             };
             let slots = &self.slots;
             self.table
-                .insert_unique(hash_uncached(slot.id.as_bytes()), p, |&s| {
+                .insert_unique(slot.id.table_hash().wide(), p, |&s| {
                     slots
                         .get(s as usize)
-                        .map_or(0, |slot| hash_uncached(slot.id.as_bytes()))
+                        .map_or(0, |slot| slot.id.table_hash().wide())
                 });
         }
     }
@@ -437,7 +476,7 @@ impl Remembered {
             let stored = self.shift;
             if let Ok(found) = self
                 .table
-                .find_entry(hash_uncached(front.id.as_bytes()), |&s| s == stored)
+                .find_entry(front.id.table_hash().wide(), |&s| s == stored)
             {
                 found.remove();
             }
@@ -461,7 +500,7 @@ impl Remembered {
             self.table.shrink_to(slots.len(), |&s| {
                 slots
                     .get(position_of(s, shift))
-                    .map_or(0, |slot| hash_uncached(slot.id.as_bytes()))
+                    .map_or(0, |slot| slot.id.table_hash().wide())
             });
         }
         n
@@ -727,6 +766,16 @@ mod tests {
 
     /// A grown queue takes at least an eighth more and fills its size class.
     #[test]
+    fn a_kept_table_hash_is_the_ids_hash() {
+        for len in 0..=40usize {
+            let id: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+            let slot = SlotId::new(&id, hash_uncached(&id));
+            assert_eq!(slot.as_bytes(), &id[..]);
+            assert_eq!(slot.table_hash(), hash_uncached(&id), "{len}");
+        }
+    }
+
+    #[test]
     fn growth_fills_the_size_class() {
         let slot = std::mem::size_of::<Slot>();
         for len in (0..5000).chain([100_000, 1 << 20]) {
@@ -827,6 +876,8 @@ mod tests {
             let listed: Vec<(Vec<u8>, Entry)> = r.iter().map(|(id, e)| (id.to_vec(), e)).collect();
             prop_assert_eq!(&listed, &model);
             prop_assert_eq!(r.len(), model.len());
+            // Every id forgotten left the table too (found through its kept hash).
+            prop_assert_eq!(r.table.len(), r.slots.len());
             prop_assert_eq!(r.oldest_index(), model.first().map(|(_, e)| e.index));
             for (id, e) in &model {
                 prop_assert_eq!(r.get(id), Some(*e));
