@@ -604,18 +604,28 @@ impl Buckets {
             .map(|&offset| self.base.saturating_add(i64::from(offset)))
     }
 
-    /// Where the buckets cross `t` along `edge` (a function of the index that grows with it,
-    /// such as the ms a bucket leaves the window): the position of the first bucket whose
-    /// `edge(index)` is after `t`, and the sum of the counts from there on. One binary search,
-    /// then a sum over the shorter side (the whole is kept in `total`): under steady traffic
-    /// the buckets that crossed since the last call, not the whole window.
-    fn split_after(&self, t: i128, edge: impl Fn(i64) -> i128) -> (usize, i128) {
-        let (mut lo, mut hi) = (0usize, self.len());
-        while lo < hi {
-            let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
-            match self.index_at(mid) {
-                Some(index) if edge(index) > t => hi = mid,
-                _ => lo = mid.saturating_add(1),
+    /// Where the buckets reach index `first`: the position of the first bucket whose index is
+    /// `>= first`, and the sum of the counts from there on. One binary search (over the stored
+    /// offsets), then a sum over the shorter side (the whole is kept in `total`): under steady
+    /// traffic the buckets that left the window since the last call, not the whole window.
+    fn split_from(&self, first: i128) -> (usize, i128) {
+        // Offsets grow with the index: compare them with `first`'s (none below: position 0).
+        let first_offset = first.saturating_sub(i128::from(self.base));
+        let mut lo = 0usize;
+        if first_offset > 0 {
+            match u32::try_from(first_offset) {
+                Ok(first_offset) => {
+                    let mut hi = self.len();
+                    while lo < hi {
+                        let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
+                        match self.offsets.get(mid) {
+                            Some(&offset) if offset >= first_offset => hi = mid,
+                            _ => lo = mid.saturating_add(1),
+                        }
+                    }
+                }
+                // Above every offset.
+                Err(_) => lo = self.len(),
             }
         }
         let len = self.len();
@@ -1577,9 +1587,9 @@ impl Window {
     /// by the bucket budget (never below `params.window_ms`, whose bucket
     /// span is within the budget).
     fn next_horizon(&self, params: &WindowParams) -> i64 {
-        let grown = i128::from(self.horizon_ms.max(params.window_ms));
-        let cap = i128::from(params.precision_ms).saturating_mul(i128::from(MAX_BUCKETS));
-        clamp_i64(grown.min(cap))
+        // Saturating in i64 gives what the exact product clamped to i64 would.
+        let cap = params.precision_ms.saturating_mul(MAX_BUCKETS);
+        self.horizon_ms.max(params.window_ms).min(cap)
     }
 
     /// The buckets re-indexed for `precision_ms`, or `None` if unchanged.
@@ -1587,10 +1597,17 @@ impl Window {
     /// after `last_ms`) falls: later, never earlier, and never in the future.
     /// A plain `Vec`: before expiry its indexes may span more than
     /// [`Buckets`] holds (finer precision after a long horizon).
+    #[inline]
     fn rebucketed(&self, precision_ms: i64) -> Result<Option<Vec<Bucket>>, WindowError> {
+        // Inlined: every call asks, nearly every call is at the held precision.
         if precision_ms == self.precision_ms {
             return Ok(None);
         }
+        self.rebucketed_to(precision_ms).map(Some)
+    }
+
+    /// [`Window::rebucketed`] at a precision other than the held one.
+    fn rebucketed_to(&self, precision_ms: i64) -> Result<Vec<Bucket>, WindowError> {
         let last = i128::from(self.last_ms);
         let mut out: Vec<Bucket> = Vec::with_capacity(self.buckets.len());
         for b in self.buckets.iter() {
@@ -1609,7 +1626,7 @@ impl Window {
                 }),
             }
         }
-        Ok(Some(out))
+        Ok(out)
     }
 }
 
@@ -1653,21 +1670,22 @@ where
             last_exit = Some(last_exit.map_or(exit, |e| e.max(exit)));
         }
     }
-    conclude(counted, last_exit, buckets, ask)
+    conclude(counted, last_exit, || buckets, ask)
 }
 
 /// [`decide`] over held buckets, which are in increasing index order (kept so, and checked on
 /// load), so those still in the window are the newest ones: a binary search finds the edge and
-/// the count is summed on its shorter side ([`Buckets::split_after`]). A call into a full
+/// the count is summed on its shorter side ([`Buckets::split_from`]). A call into a full
 /// 60 s / 1 s window reads a few buckets instead of 61.
 fn decide_held(buckets: &Buckets, ask: &Ask<'_>) -> WindowDecision {
     let params = ask.params;
-    let (first, counted) = buckets.split_after(i128::from(ask.now), |index| exit_of(index, params));
+    let (first, counted) =
+        buckets.split_from(first_inside(ask.now, params.window_ms, params.precision_ms));
     // The newest bucket leaves the window last.
     let last_exit = (first < buckets.len())
         .then(|| buckets.newest_index().map(|index| exit_of(index, params)))
         .flatten();
-    conclude(counted, last_exit, buckets.iter().skip(first), ask)
+    conclude(counted, last_exit, || buckets.iter().skip(first), ask)
 }
 
 /// First instant at which bucket `index` no longer overlaps `params`' window.
@@ -1678,8 +1696,13 @@ fn exit_of(index: i64, params: &WindowParams) -> i128 {
 /// The decision from what the window counts at `now`: `counted`, and `last_exit` (when the
 /// newest counted bucket leaves; `None` if nothing is counted). `buckets` (oldest first, those
 /// already out of the window may be left out) are read again only to find when a denied call
-/// would fit.
-fn conclude<I>(counted: i128, last_exit: Option<i128>, buckets: I, ask: &Ask<'_>) -> WindowDecision
+/// would fit (made only then).
+fn conclude<I>(
+    counted: i128,
+    last_exit: Option<i128>,
+    buckets: impl FnOnce() -> I,
+    ask: &Ask<'_>,
+) -> WindowDecision
 where
     I: Iterator<Item = Bucket>,
 {
@@ -1701,7 +1724,7 @@ where
         // cost <= limit means freeing everything suffices, so one is found.
         let mut freed: i128 = 0;
         let mut at = last_exit;
-        for b in buckets {
+        for b in buckets() {
             let exit = exit_of(b.index, params);
             if exit > now {
                 freed = freed.saturating_add(i128::from(b.count));
@@ -1749,6 +1772,7 @@ impl<'a> Held<std::iter::Copied<std::slice::Iter<'a, Bucket>>> {
 
 /// Plans a record at `now` (normalised): drop what left the horizon, add `cost`. Reads only the
 /// buckets that left (the oldest) and the newest.
+#[inline(always)]
 fn plan<I>(
     held: Held<I>,
     precision_ms: i64,
@@ -1759,12 +1783,12 @@ fn plan<I>(
 where
     I: Iterator<Item = Bucket>,
 {
+    let first_kept = first_inside(now, horizon_ms, precision_ms);
     let now = i128::from(now);
-    let horizon = i128::from(horizon_ms);
     let mut expired: usize = 0;
     let mut expired_total: i128 = 0;
     for b in held.buckets {
-        if bucket_last(b.index, precision_ms).saturating_add(horizon) > now {
+        if i128::from(b.index) >= first_kept {
             break;
         }
         expired = expired.saturating_add(1);
@@ -1838,8 +1862,34 @@ fn max_len(horizon_ms: i64, precision_ms: i64) -> Option<usize> {
     usize::try_from(span).ok()
 }
 
+/// The first bucket index (at `precision_ms > 0`) still inside a window of `window_ms` at
+/// `now`: bucket `i` is inside iff `bucket_last(i) + window_ms > now`, i.e. iff
+/// `i >= floor((now - window_ms + 1) / precision_ms)`. One division instead of a 128-bit
+/// product per bucket compared.
+fn first_inside(now: i64, window_ms: i64, precision_ms: i64) -> i128 {
+    let from = i128::from(now)
+        .saturating_sub(i128::from(window_ms))
+        .saturating_add(1);
+    if let Some(index) = i64::try_from(from)
+        .ok()
+        .and_then(|from| from.checked_div_euclid(precision_ms))
+    {
+        return i128::from(index);
+    }
+    from.checked_div_euclid(i128::from(precision_ms))
+        .unwrap_or(i128::MIN)
+}
+
 /// Last ms of bucket `index`. Cannot saturate: `|index * precision| < 2^126`.
 fn bucket_last(index: i64, precision_ms: i64) -> i128 {
+    // In i64 when it fits (a bucket of a real clock always does): the same value, without
+    // i128 multiplication's overflow checks.
+    if let Some(last) = index
+        .checked_mul(precision_ms)
+        .and_then(|start| start.checked_add(precision_ms.checked_sub(1)?))
+    {
+        return i128::from(last);
+    }
     let precision = i128::from(precision_ms);
     i128::from(index)
         .saturating_mul(precision)
