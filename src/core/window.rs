@@ -711,14 +711,16 @@ impl Buckets {
         Ok(())
     }
 
-    /// Room for one more bucket: when full, grows by `max(len / 8, 1)`, capped
-    /// at `budget` (exact growth up to the budget a window can hold).
+    /// Room for one more bucket: when full, grows by `max(len / 8, 4)`, capped
+    /// at `budget` (exact growth up to the budget a window can hold). At least 4: a window
+    /// under traffic holds a number of buckets that moves up and down by a few, and growing it
+    /// back one bucket at a time after a trim reallocated on one record in ten.
     fn reserve_one(&mut self, budget: Option<usize>) {
         let len = self.len();
         if self.offsets.capacity() > len && self.counts.capacity() > len {
             return;
         }
-        let mut grow = (len / 8).max(1);
+        let mut grow = (len / 8).max(4);
         if let Some(room) = budget.and_then(|b| b.checked_sub(len)) {
             grow = grow.min(room.max(1));
         }
