@@ -105,11 +105,22 @@ pub fn track_budget(db: i32, key: &[u8], budget: &Budget) {
 /// Most writes (a new id behind the oldest) leave the due time where the index has it: the
 /// window's [`IndexTag`](crate::core::ledger::IndexTag) says so, as a budget's does.
 pub fn track_window(db: i32, key: &[u8], window: &Window, had_ids: bool) {
+    track_window_at(|| (db, key), window, had_ids);
+}
+
+/// [`track_window`], asking `place` for the key's database and name only when the index
+/// changes (a command's write: usually not, and each costs a module API call).
+pub fn track_window_at<'k>(
+    place: impl FnOnce() -> (i32, &'k [u8]),
+    window: &Window,
+    had_ids: bool,
+) {
     if !had_ids && window.remembered().is_empty() {
         return;
     }
     let due = window.ids_due_ms();
     let Some(tag) = window.index_tag() else {
+        let (db, key) = place();
         track(db, key, due);
         return;
     };
@@ -118,6 +129,7 @@ pub fn track_window(db: i32, key: &[u8], window: &Window, had_ids: bool) {
     if tagged_epoch == epoch && covers(indexed, due) {
         return;
     }
+    let (db, key) = place();
     let indexed = track(db, key, due);
     tag.set(epoch, indexed);
 }

@@ -231,17 +231,14 @@ fn apply_each(w: &mut Window, at_ms: i64, effects: &[WindowEffect]) -> (usize, O
     (applied, None)
 }
 
-/// Indexes the window at `key_name` for the sweeper after a change (a key that neither had nor
-/// has ids is left alone without asking for its database).
+/// Indexes the window at `key_name` for the sweeper after a change (its database and name
+/// are asked for only when the index changes).
 fn track_window(ctx: &Context, key_name: &RedisString, w: &Window, had_ids: bool) {
-    if had_ids || !w.remembered().is_empty() {
-        sweep_index::track_window(
-            sweep_index::selected_db(ctx),
-            key_name.as_slice(),
-            w,
-            had_ids,
-        );
-    }
+    sweep_index::track_window_at(
+        || (sweep_index::selected_db(ctx), key_name.as_slice()),
+        w,
+        had_ids,
+    );
 }
 
 /// A window for a key that holds none, if `first` may create one (a configuration or a count).
