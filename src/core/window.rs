@@ -1242,8 +1242,9 @@ impl Window {
         if held >= max_ids {
             return Err(LedgerError::TooManyPending { max: max_ids });
         }
-        // The record must not refuse it (what it keeps, plus the cost, within i64).
-        self.record_fits(&cfg.params(cost), now_ms)
+        // The record must not refuse it (what it keeps, plus the cost, within i64). The check
+        // above validated these parameters.
+        self.record_fits_valid(&cfg.params(cost), now_ms)
             .map_err(|_| LedgerError::Overflow)?;
         Ok(IdPlan::Grant(d))
     }
@@ -1256,17 +1257,29 @@ impl Window {
     /// As [`Window::record`].
     pub fn record_fits(&self, params: &WindowParams, now_ms: i64) -> Result<(), WindowError> {
         params.validate()?;
+        self.record_fits_valid(params, now_ms)
+    }
+
+    /// [`Window::record_fits`] of `params` already validated (by a [`Window::check`] of them).
+    #[inline]
+    fn record_fits_valid(&self, params: &WindowParams, now_ms: i64) -> Result<(), WindowError> {
+        // The usual case without a pass over the buckets: at the held precision, everything
+        // held plus the cost fits i64, so what is kept plus the cost and the newest bucket plus
+        // the cost fit too; and the cost's bucket index `floor(now / precision)` of an i64 time
+        // at a valid (positive) precision is an i64 (what `plan` checks).
+        if params.precision_ms == self.precision_ms
+            && i64::try_from(self.buckets.total.saturating_add(i128::from(params.cost))).is_ok()
+        {
+            return Ok(());
+        }
+        self.record_fits_planned(params, now_ms)
+    }
+
+    /// [`Window::record_fits_valid`] by planning the record.
+    fn record_fits_planned(&self, params: &WindowParams, now_ms: i64) -> Result<(), WindowError> {
         let now = self.effective_now(now_ms);
         let horizon_ms = self.next_horizon(params);
         let (p, h, c) = (params.precision_ms, horizon_ms, params.cost);
-        // The usual case without a pass over the buckets: at the held precision, everything
-        // held plus the cost fits i64, so what is kept plus the cost and the newest bucket plus
-        // the cost fit too; only the cost's bucket index is left to check (as `plan` does).
-        if p == self.precision_ms
-            && i64::try_from(self.buckets.total.saturating_add(i128::from(c))).is_ok()
-        {
-            return bucket_of(i128::from(now), p).map(|_| ());
-        }
         match self.rebucketed(params.precision_ms)? {
             Some(converted) => plan(Held::converted(&converted), p, h, now, c).map(|_| ()),
             None => {
