@@ -1722,14 +1722,16 @@ where
     I: Iterator<Item = Bucket>,
 {
     let (params, recorded) = (ask.params, ask.recorded);
-    // i128 throughout: sums of i64 values cannot reach its bounds.
+    // i128 throughout: sums of i64 values cannot reach its bounds (`counted` sums at most
+    // 4097 counts, below 2^76; an exit time is below 2^127 minus 2^64), so these differences
+    // are exact as wrapping ones, which cost a third of the saturating ones.
     let now = i128::from(ask.now);
     let caller_now = i128::from(ask.caller_now);
     let limit = i128::from(params.limit);
     let cost = i128::from(params.cost);
-    let remaining = clamp_i64(limit.saturating_sub(counted).max(0));
-    let reset_after_ms = last_exit.map_or(0, |e| clamp_i64(e.saturating_sub(caller_now)));
-    let excess = counted.saturating_add(cost).saturating_sub(limit);
+    let remaining = clamp_i64(limit.wrapping_sub(counted).max(0));
+    let reset_after_ms = last_exit.map_or(0, |e| clamp_i64(e.wrapping_sub(caller_now)));
+    let excess = counted.wrapping_add(cost).wrapping_sub(limit);
     let (allowed, retry_after_ms) = if recorded || excess <= 0 {
         (true, 0)
     } else if cost > limit {
