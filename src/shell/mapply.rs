@@ -638,5 +638,26 @@ mod tests {
             });
             proptest::prop_assert_eq!(packed.starts_with(b"R "), compact);
         }
+
+        /// Any bytes, and any sequence of the forms' tokens, decode without a panic; what is
+        /// accepted has one line per key.
+        #[test]
+        fn any_packed_string_decodes_or_is_refused(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            picks in proptest::collection::vec(0usize..14, 0..16),
+            n in 0usize..6,
+        ) {
+            let vocabulary: [&[u8]; 14] = [
+                b"R", b"B", b"D", b"W", b"0", b"-1", b"5", b"253397030400001",
+                b"9223372036854775808", b"2:r1", b"0:", b"3:a b", b"x", b"4:1 GRANT",
+            ];
+            let tokens: Vec<&[u8]> = picks.iter().map(|&i| vocabulary[i]).collect();
+            let joined = tokens.join(&b' ');
+            for packed in [&bytes[..], &joined[..]] {
+                if let Ok(lines) = decode_packed(packed, n) {
+                    proptest::prop_assert_eq!(lines.len(), n);
+                }
+            }
+        }
     }
 }
