@@ -171,19 +171,7 @@ pub fn value(limit: Limit<'_>, wall: i64) -> i64 {
 ///
 /// A budget's id generator is exhausted, or 1024 ids in a row are taken.
 pub fn fresh_id(limits: &[Limit<'_>], wall: i64) -> Result<Id, LedgerError> {
-    // The first candidate after each budget's last generated id, without each budget's own
-    // probe and string round trip: the probe below checks every key anyway.
-    let mut best: Option<StreamId> = None;
-    for limit in limits {
-        if let Limit::Budget(b) = limit {
-            let next = b.last_id.next(b.now(wall)).ok_or(NO_ID_LEFT)?;
-            best = best.max(Some(next));
-        }
-    }
-    let mut candidate = best.unwrap_or(StreamId {
-        ms: u64::try_from(wall).unwrap_or(0),
-        seq: 0,
-    });
+    let mut candidate = first_candidate(limits, wall)?;
     for _ in 0..1024 {
         let id = candidate.to_bytes();
         let taken = limits.iter().any(|l| match l {
@@ -198,6 +186,27 @@ pub fn fresh_id(limits: &[Limit<'_>], wall: i64) -> Result<Id, LedgerError> {
             .ok_or(LedgerError::Invalid("could not generate a fresh id"))?;
     }
     Err(LedgerError::Invalid("could not generate a fresh id"))
+}
+
+/// The first id [`fresh_id`] tries: the largest of the successors of the listed budgets' last
+/// generated ids (each at the budget's clock; `<wall>-0` without a budget), without each
+/// budget's own probe and string round trip.
+///
+/// # Errors
+///
+/// A budget's id generator is exhausted.
+fn first_candidate(limits: &[Limit<'_>], wall: i64) -> Result<StreamId, LedgerError> {
+    let mut best: Option<StreamId> = None;
+    for limit in limits {
+        if let Limit::Budget(b) = limit {
+            let next = b.last_id.next(b.now(wall)).ok_or(NO_ID_LEFT)?;
+            best = best.max(Some(next));
+        }
+    }
+    Ok(best.unwrap_or(StreamId {
+        ms: u64::try_from(wall).unwrap_or(0),
+        seq: 0,
+    }))
 }
 
 fn window_config(w: &Window) -> Result<crate::core::window::WindowConfig, LedgerError> {
@@ -249,10 +258,33 @@ pub fn plan_mreserve_keep(
     if amounts.len() != limits.len() || limits.is_empty() {
         return Err(LedgerError::Invalid("one amount per key").into());
     }
-    let id: Id = match id {
-        Some(id) => Id::from_slice(id),
-        None => fresh_id(limits, wall)?,
+    let reserve = |id: Id| plan_mreserve_as(limits, amounts, id, ttl_ms, keep, wall, policy);
+    let Some(id) = id else {
+        // A generated id: the first candidate, without probing every key for it first. Each
+        // key's plan looks the id up anyway (a budget in its book, a window in its
+        // remembered ids) before it grants or denies: a key that knows it answers a retry or
+        // an error instead. So a grant or a denial proves that no key knows the candidate;
+        // anything else (rare: a client id planted ahead, another request's id in a shared
+        // window, or any error) is planned again, as before, with an id probed on every key.
+        let planned = reserve(first_candidate(limits, wall)?.to_bytes());
+        return match planned {
+            Ok(MReserve::Granted { .. } | MReserve::Denied { .. }) => planned,
+            _ => reserve(fresh_id(limits, wall)?),
+        };
     };
+    reserve(Id::from_slice(id))
+}
+
+/// [`plan_mreserve_keep`] under `id` (given or generated).
+fn plan_mreserve_as(
+    limits: &[Limit<'_>],
+    amounts: &[i64],
+    id: Id,
+    ttl_ms: Option<i64>,
+    keep: Option<i64>,
+    wall: i64,
+    policy: &Policy,
+) -> Result<MReserve, KeyError> {
     let mut planned = Vec::with_capacity(limits.len());
     let mut remaining = SmallVec::with_capacity(limits.len());
     let mut retried = 0usize;
@@ -306,7 +338,8 @@ pub fn plan_mreserve_keep(
                             window_ms: cfg.window_ms,
                             precision_ms: cfg.precision_ms,
                             cost: amount,
-                            id: Some(id.clone()),
+                            // A memcpy; `clone` copies byte by byte.
+                            id: Some(Id::from_slice(&id)),
                         }]
                     }
                 };
