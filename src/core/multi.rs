@@ -114,6 +114,28 @@ pub enum MReserve {
     Denied { index: usize, retry_after_ms: i64 },
 }
 
+/// What MRESERVE decided, as [`plan_mreserve_into`] returns it: a grant's effects and
+/// remainings are in the caller's [`Planned`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Every key grants: [`Planned`] holds each key's effects and remaining.
+    Granted { id: Id },
+    /// As [`MReserve::Retried`].
+    Retried { id: Id },
+    /// As [`MReserve::Denied`].
+    Denied { index: usize, retry_after_ms: i64 },
+}
+
+/// A grant's plan, per key in key order, kept where the caller keeps it (the shell: on its
+/// stack, so neither an allocation nor a move of ~140 bytes a key): the effects, and each
+/// window key's remaining after the grant (`None` at a budget key), as in
+/// [`MReserve::Granted`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Planned {
+    pub effects: SmallVec<[KeyEffects; 8]>,
+    pub remaining: SmallVec<[Option<i64>; 8]>,
+}
+
 /// The status of one key in MSETTLE / MROLLBACK.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyStatus {
@@ -252,13 +274,60 @@ pub fn plan_mreserve_keep(
     wall: i64,
     policy: &Policy,
 ) -> Result<MReserve, KeyError> {
+    let mut planned = Planned::default();
+    Ok(
+        match plan_mreserve_into(
+            limits,
+            amounts,
+            id,
+            ttl_ms,
+            keep,
+            wall,
+            policy,
+            &mut planned,
+        )? {
+            Decision::Granted { id } => MReserve::Granted {
+                id,
+                effects: planned.effects.into_vec(),
+                remaining: planned.remaining,
+            },
+            Decision::Retried { id } => MReserve::Retried { id },
+            Decision::Denied {
+                index,
+                retry_after_ms,
+            } => MReserve::Denied {
+                index,
+                retry_after_ms,
+            },
+        },
+    )
+}
+
+/// [`plan_mreserve_keep`] with a grant's effects and remainings written into `planned`
+/// (cleared first; left with whatever the last plan wrote on any other outcome).
+///
+/// # Errors
+///
+/// Those of [`plan_mreserve_keep`].
+#[allow(clippy::too_many_arguments)]
+pub fn plan_mreserve_into(
+    limits: &[Limit<'_>],
+    amounts: &[i64],
+    id: Option<&[u8]>,
+    ttl_ms: Option<i64>,
+    keep: Option<i64>,
+    wall: i64,
+    policy: &Policy,
+    planned: &mut Planned,
+) -> Result<Decision, KeyError> {
     if keep.is_some_and(|k| k < 0) {
         return Err(LedgerError::Invalid("KEEP must not be negative").into());
     }
     if amounts.len() != limits.len() || limits.is_empty() {
         return Err(LedgerError::Invalid("one amount per key").into());
     }
-    let reserve = |id: Id| plan_mreserve_as(limits, amounts, id, ttl_ms, keep, wall, policy);
+    let mut reserve =
+        |id: Id| plan_mreserve_as(limits, amounts, id, ttl_ms, keep, wall, policy, planned);
     let Some(id) = id else {
         // A generated id: the first candidate, without probing every key for it first. Each
         // key's plan looks the id up anyway (a budget in its book, a window in its
@@ -266,16 +335,17 @@ pub fn plan_mreserve_keep(
         // an error instead. So a grant or a denial proves that no key knows the candidate;
         // anything else (rare: a client id planted ahead, another request's id in a shared
         // window, or any error) is planned again, as before, with an id probed on every key.
-        let planned = reserve(first_candidate(limits, wall)?.to_bytes());
-        return match planned {
-            Ok(MReserve::Granted { .. } | MReserve::Denied { .. }) => planned,
+        let decided = reserve(first_candidate(limits, wall)?.to_bytes());
+        return match decided {
+            Ok(Decision::Granted { .. } | Decision::Denied { .. }) => decided,
             _ => reserve(fresh_id(limits, wall)?),
         };
     };
     reserve(Id::from_slice(id))
 }
 
-/// [`plan_mreserve_keep`] under `id` (given or generated).
+/// [`plan_mreserve_into`] under `id` (given or generated).
+#[allow(clippy::too_many_arguments)]
 fn plan_mreserve_as(
     limits: &[Limit<'_>],
     amounts: &[i64],
@@ -284,9 +354,10 @@ fn plan_mreserve_as(
     keep: Option<i64>,
     wall: i64,
     policy: &Policy,
-) -> Result<MReserve, KeyError> {
-    let mut planned = Vec::with_capacity(limits.len());
-    let mut remaining = SmallVec::with_capacity(limits.len());
+    planned: &mut Planned,
+) -> Result<Decision, KeyError> {
+    planned.effects.clear();
+    planned.remaining.clear();
     let mut retried = 0usize;
     let mut denied: Option<(usize, i64)> = None;
     // The first key that does not know the id: the one at fault when others do (a retry),
@@ -307,11 +378,11 @@ fn plan_mreserve_as(
                         denied = denied.or(Some((i, b.retry_after_keep(now, amount, keep))));
                     }
                 }
-                planned.push(KeyEffects::Budget {
+                planned.effects.push(KeyEffects::Budget {
                     now,
                     effects: plan.effects,
                 });
-                remaining.push(None);
+                planned.remaining.push(None);
             }
             Limit::Window(w) => {
                 let cfg = window_config(w).map_err(|e| KeyError::at(i, e))?;
@@ -343,8 +414,8 @@ fn plan_mreserve_as(
                         }]
                     }
                 };
-                planned.push(KeyEffects::Window(effects));
-                remaining.push(after);
+                planned.effects.push(KeyEffects::Window(effects));
+                planned.remaining.push(after);
             }
         }
     }
@@ -352,16 +423,12 @@ fn plan_mreserve_as(
         return Err(KeyError::at(i, retry_conflict(&id, window)));
     }
     Ok(match denied {
-        _ if retried > 0 => MReserve::Retried { id },
-        Some((index, retry_after_ms)) => MReserve::Denied {
+        _ if retried > 0 => Decision::Retried { id },
+        Some((index, retry_after_ms)) => Decision::Denied {
             index,
             retry_after_ms,
         },
-        None => MReserve::Granted {
-            id,
-            effects: planned,
-            remaining,
-        },
+        None => Decision::Granted { id },
     })
 }
 
