@@ -100,6 +100,7 @@ impl<'a> ModuleKey<'a> {
 
     /// The value at this key if it is of type `ty`: `None` if the key is empty, `WRONGTYPE`
     /// if it holds anything else.
+    #[inline]
     pub fn value<T>(&self, ty: &RedisType) -> Result<Option<&T>, RedisError> {
         Ok(self.raw_value::<T>(ty)?.and_then(|v| {
             // SAFETY: a value of type `ty` is a `Box<T>` this module created; `&self` keeps
@@ -109,6 +110,7 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// Like [`value`](ModuleKey::value), mutable.
+    #[inline]
     pub fn value_mut<T>(&mut self, ty: &RedisType) -> Result<Option<&mut T>, RedisError> {
         Ok(self.raw_value::<T>(ty)?.and_then(|v| {
             // SAFETY: as in `value`; `&mut self` excludes any other access through this key.
@@ -117,10 +119,12 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// True if the key holds a value of the module type `ty` (false: empty, or another type).
+    #[inline]
     pub fn holds(&self, ty: &RedisType) -> bool {
         !self.ty.is_null() && self.ty == *ty.raw_type.borrow()
     }
 
+    #[inline]
     fn raw_value<T>(&self, ty: &RedisType) -> Result<Option<*mut T>, RedisError> {
         if !self.holds(ty) {
             // Not ours: empty (no value), or another type (WRONGTYPE).

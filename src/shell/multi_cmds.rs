@@ -158,15 +158,19 @@ fn not_an_option(a: &Args, t: &[u8], n: usize, what: &str) -> RedisError {
     }
 }
 
-/// Opens every key writable and tells its kind. Errors (and declares every key unchanged) on
-/// an empty key (`NOQUOTA`), a window key without a configuration (`NOQUOTA`), another type
+/// Opens every key writable into `opened` (the caller's, on its stack: the open keys are not
+/// moved) and tells its kind. Errors (and declares every key unchanged) on an empty key
+/// (`NOQUOTA`), a window key without a configuration (`NOQUOTA`), another type
 /// (`WRONGTYPE`).
-fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<OpenedKeys<'a>, RedisError> {
-    let mut opened: OpenedKeys<'a> = SmallVec::with_capacity(names.len());
+fn open_all<'a>(
+    ctx: &Context,
+    names: &[&'a RedisString],
+    opened: &mut OpenedKeys<'a>,
+) -> Result<(), RedisError> {
     for &name in names {
         let key = match ModuleKey::open_writable(ctx, name) {
             Ok(k) => k,
-            Err(e) => return Err(abort(&mut opened, e)),
+            Err(e) => return Err(abort(opened, e)),
         };
         let kind = if key.holds(&BUDGET_TYPE) {
             Ok(Kind::Budget)
@@ -189,11 +193,11 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<OpenedKeys<'
             Err(e) => {
                 let mut key = key;
                 key.unchanged();
-                return Err(abort(&mut opened, naming_key(e, name)));
+                return Err(abort(opened, naming_key(e, name)));
             }
         }
     }
-    Ok(opened)
+    Ok(())
 }
 
 /// `e` with the listed key it is about appended (`... (key 'quota:{t}:rpm')`): with up to 16
@@ -406,7 +410,8 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let max_id = config::max_id_length();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     // The plan's effects stay here, on the stack, until applied.
     let mut planned = Planned::default();
     let decision = plan_on(&mut opened, |limits| {
@@ -567,7 +572,8 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let at = parse_at_only(&mut a, Some((names.len(), "actual")))?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     let outcomes = plan_on(&mut opened, |limits| {
         let outcomes = multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy)
             .map_err(|e| key_error(&names, e))?;
@@ -589,7 +595,8 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     let outcomes = plan_on(&mut opened, |limits| {
         let outcomes =
             multi::plan_mrollback(limits, id, wall, &policy).map_err(|e| key_error(&names, e))?;
@@ -613,7 +620,8 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     let effects = plan_on(&mut opened, |limits| {
         let effects = multi::plan_mextend(limits, id, ttl, wall, &policy)
             .map_err(|e| key_error(&names, e))?;
