@@ -513,6 +513,94 @@ fn multi_argument_effects_of_earlier_versions_still_load() {
     );
 }
 
+/// The commands behind `fixtures/mapply-v1.aof`, at T = 4102444800000 (2100-01-01 UTC): two
+/// budgets of different default TTLs and two configured windows, three multi-key reservations
+/// (a client id, a generated one, keys in another order with a TTL), then a settle, a rollback
+/// and an extend of them.
+fn mapply_v1_commands() -> &'static [&'static str] {
+    &[
+        "QUOTA.SET b LIMIT 1000 TTL 60000 AT +0",
+        "QUOTA.SET b2 LIMIT 500 AT +0",
+        "QUOTA.SET tpm WINDOW 5000 60000 PRECISION 1000 AT +0",
+        "QUOTA.SET rpm WINDOW 10 60000 AT +0",
+        "QUOTA.MRESERVE 4 b tpm rpm b2 300 300 1 30 ID r1 AT +1",
+        "QUOTA.MRESERVE 4 b tpm rpm b2 200 200 1 20 AT +1500",
+        "QUOTA.MRESERVE 3 rpm b tpm 1 50 50 ID r\u{1}3:x TTL 5000 AT +1600",
+        "QUOTA.MSETTLE 4 b tpm rpm b2 r1 120 120 1 10 AT +2000",
+        "QUOTA.MROLLBACK 3 rpm b tpm r\u{1}3:x AT +2100",
+        "QUOTA.MEXTEND 2 b b2 4102444801500-0 90000 AT +2200",
+    ]
+}
+
+/// mapply-v1.aof: the incremental AOF that the build before the compact `QUOTA.MAPPLY` form
+/// (commit cd93a3c) wrote for [`mapply_v1_commands`] — every multi-key write one `QUOTA.MAPPLY`
+/// whose packed string holds each key's full line (`B <len>:<at_ms GRANT ...>`, `W ...`) —
+/// loaded as an old-style `appendonly.aof`. It must reach exactly the state this build reaches
+/// with the same commands, which this build writes with the reservations in the compact form
+/// (`R at_ms id D amount deadline ...`); replaying that AOF reaches it too.
+#[test]
+fn mapply_lines_of_the_full_form_still_load() {
+    let aof = include_bytes!("fixtures/mapply-v1.aof");
+    let args = [
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--aof-use-rdb-preamble",
+        "no",
+    ];
+    let mods = ["test-clock", "yes", "sweep-effort", "0"];
+    let old = Server::start_with_files(&args, &mods, &[("appendonly.aof", aof)]);
+    let mut fresh = Server::start_with_module_args(&args, &mods);
+    let (mut o, mut f) = (old.conn(), fresh.conn());
+    for line in mapply_v1_commands() {
+        run_at_t(&mut f, line);
+    }
+    assert_eq!(keys(&mut o), ["b", "b2", "rpm", "tpm"]);
+    let state = all_digests(&mut f);
+    assert_eq!(all_digests(&mut o), state);
+    // The fixture has no compact line; this build wrote one per reservation (b2's default TTL
+    // differs from b's: its grant carries its own deadline).
+    assert!(!String::from_utf8_lossy(aof).contains("R 4102444800001"));
+    let written = String::from_utf8_lossy(&incr_aof(&fresh)).into_owned();
+    for compact in [
+        "R 4102444800001 2:r1 D 300 4102444860001 W 60000 1000 300 W 60000 1000 1 D 30 4102448400001",
+        "R 4102444801500 15:4102444801500-0 D 200 4102444861500 W 60000 1000 200 W 60000 1000 1 D 20 4102448401500",
+        "R 4102444801600 5:r 3:x W 60000 1000 1 D 50 4102444806600 W 60000 1000 50",
+    ] {
+        assert!(written.contains(&format!("\r\n{compact}\r\n")), "{compact} in {written}");
+    }
+    assert_eq!(written.matches("QUOTA.MAPPLY").count(), 6);
+    fresh.restart();
+    assert_eq!(
+        all_digests(&mut fresh.conn()),
+        state,
+        "compact lines replayed"
+    );
+    // The loaded reservations act as made here: the generated one settles on both budgets.
+    let id = format!("{}-0", t(1500));
+    let settle = [
+        "QUOTA.MSETTLE",
+        "4",
+        "b",
+        "tpm",
+        "rpm",
+        "b2",
+        &id,
+        "150",
+        "150",
+        "1",
+        "15",
+        "AT",
+        &t(2300),
+    ];
+    let (a, b) = (ok(&mut o, &settle), ok(&mut fresh.conn(), &settle));
+    assert_eq!(a, b);
+    let statuses: Vec<String> = items(&a).iter().map(|v| text(&items(v)[0])).collect();
+    assert_eq!(statuses, ["settled", "corrected", "corrected", "settled"]);
+    assert_eq!(all_digests(&mut o), all_digests(&mut fresh.conn()));
+}
+
 /// Forged AOF lines a master never writes are refused and change nothing: an effect with an
 /// empty or over-long id, a window call at a time outside the supported range. The valid lines
 /// around them load.

@@ -1065,6 +1065,83 @@ fn one_to_sixteen_keys_each_replicate_as_one_mapply_line() {
     assert_eq!(before, digests(&mut master.conn()), "AOF replay");
 }
 
+/// Several multi-key writes of one `MULTI`/`EXEC` or one script are propagated together at its
+/// end (each `QUOTA.MAPPLY` with the same shared `numkeys` string): the replica and the AOF
+/// replay reach the master's digests, in the compact form (reservations) and the per-key one
+/// (settles) alike.
+#[test]
+fn multi_key_writes_in_a_transaction_or_a_script_replicate_each() {
+    let mut master = Server::start_with_module_args(
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+        &["test-clock", "yes", "sweep-effort", "0"],
+    );
+    let replica = Server::start(&[]);
+    replica.replicate_from(&master);
+    let mut c = master.conn();
+    setup(&mut c);
+    let (t1, t2) = (at(1), at(2));
+    let reserve = |id: &'static str, t: &str| {
+        let mut args = vec![
+            "QUOTA.MRESERVE",
+            "3",
+            KEYS[0],
+            KEYS[1],
+            KEYS[4],
+            "5",
+            "1",
+            "5",
+        ];
+        args.extend(["ID", id, "AT"]);
+        args.push(t);
+        args.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<String>>()
+    };
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for id in ["x1", "x2"] {
+        pipe.cmd("QUOTA.MRESERVE").arg(&reserve(id, &t1)[1..]);
+    }
+    pipe.cmd("QUOTA.MSETTLE").arg(
+        &[
+            "3", KEYS[0], KEYS[1], KEYS[4], "x1", "4", "1", "4", "AT", &t1,
+        ][..],
+    );
+    let replies: Vec<Value> = pipe.query(&mut c).unwrap();
+    assert_eq!(replies.len(), 3);
+    let script = "redis.call('QUOTA.MRESERVE', unpack(ARGV, 1, 11)) \
+                  return redis.call('QUOTA.MRESERVE', unpack(ARGV, 12, 22))";
+    let mut args = reserve("y1", &t2)[1..].to_vec();
+    args.extend(reserve("y2", &t2)[1..].iter().cloned());
+    let granted: Value = redis::cmd("EVAL")
+        .arg(script)
+        .arg(0)
+        .arg(&args)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(int(&items(&granted)[0]), 1);
+    assert_eq!(
+        info_at(&mut c, KEYS[0], T0 + 2)["reserved"],
+        5 + 5 + 5,
+        "x2, y1 and y2 pending"
+    );
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    assert_eq!(acked, 1);
+    let before = digests(&mut c);
+    assert_eq!(before, digests(&mut replica.conn()), "replica");
+    let aof = String::from_utf8_lossy(&incr_aof(&master)).into_owned();
+    assert_eq!(aof.matches("QUOTA.MAPPLY").count(), 5, "{aof}");
+    master.restart();
+    assert_eq!(before, digests(&mut master.conn()), "AOF replay");
+}
+
 /// A multi-key write goes to the AOF (and replicas) as one `QUOTA.MAPPLY` line carrying every
 /// key's effects, not one `QUOTA.APPLY` / `QUOTA.WAPPLY` per key; the AOF replays it to the
 /// same state. A client cannot send it, and a malformed line changes nothing.

@@ -120,11 +120,53 @@ fn replicate_packed(ctx: &Context, command: &CStr, key: &RedisString, packed: &P
 /// Most keys [`replicate_keys_packed`] names (the multi-key commands' `numkeys`).
 pub const MAX_REPLICATED_KEYS: usize = 16;
 
-/// `RedisModule_Replicate(ctx, command, "l" + "s"×n + "b", n, key..., packed)`: `command
-/// numkeys key [key ...] <packed>` in one call (one command lookup, one entry in the stream),
-/// checking the status. Each key is its own `s`: Redis sizes its argv from the format, where a
-/// `v` list would make it grow the argv twice. More than [`MAX_REPLICATED_KEYS`] keys (never:
-/// the commands refuse them) is not replicated, and logged.
+std::thread_local! {
+    /// `numkeys` as Redis strings `"1"` to `"16"`, made once (without a context) and kept for
+    /// the life of the process, like [`crate::shell::usage`]'s shared words: replicated by
+    /// reference (`s`), where an `l` makes and frees a string on every call. `None` if one
+    /// could not be made (then `l` is used).
+    static NUMKEYS: std::cell::OnceCell<Option<NumkeysStrings>> =
+        const { std::cell::OnceCell::new() };
+}
+
+type NumkeysStrings = [*mut raw::RedisModuleString; MAX_REPLICATED_KEYS];
+
+/// The shared `numkeys` string for `n` keys (1..=16), or null (none: use `l`).
+fn numkeys_string(n: usize) -> *mut raw::RedisModuleString {
+    let made = NUMKEYS.try_with(|cell| {
+        *cell.get_or_init(|| {
+            let mut all: NumkeysStrings = [std::ptr::null_mut(); MAX_REPLICATED_KEYS];
+            for (i, slot) in (1usize..).zip(all.iter_mut()) {
+                let mut digits = itoa::Buffer::new();
+                let digits = digits.format(i).as_bytes();
+                // SAFETY: plain API call without a context; Redis copies the bytes. The string
+                // is never freed (one per count, for the life of the process).
+                *slot = unsafe {
+                    match raw::RedisModule_CreateString {
+                        Some(f) => f(std::ptr::null_mut(), digits.as_ptr().cast(), digits.len()),
+                        None => std::ptr::null_mut(),
+                    }
+                };
+            }
+            all.iter().all(|p| !p.is_null()).then_some(all)
+        })
+    });
+    match made {
+        Ok(Some(all)) => n
+            .checked_sub(1)
+            .and_then(|i| all.get(i).copied())
+            .unwrap_or(std::ptr::null_mut()),
+        _ => std::ptr::null_mut(),
+    }
+}
+
+/// `RedisModule_Replicate(ctx, command, "s" + "s"×n + "b", numkeys, key..., packed)`:
+/// `command numkeys key [key ...] <packed>` in one call (one command lookup, one entry in the
+/// stream), checking the status. `numkeys` is a shared string (`l`, a number Redis turns into
+/// a string, if it could not be made). Each key is its own `s`: Redis sizes its argv from the
+/// format, where a `v` list would make it grow the argv twice. More than
+/// [`MAX_REPLICATED_KEYS`] keys (never: the commands refuse them) is not replicated, and
+/// logged.
 pub fn replicate_keys_packed(
     ctx: &Context,
     command: &CStr,
@@ -136,9 +178,10 @@ pub fn replicate_keys_packed(
     for (slot, key) in k.iter_mut().zip(keys) {
         *slot = key.inner;
     }
-    // "l", then one "s" per key, then "b", NUL-terminated.
+    let shared = numkeys_string(n);
+    // "s" (or "l"), then one "s" per key, then "b", NUL-terminated.
     let mut format = [0u8; MAX_REPLICATED_KEYS + 3];
-    format[0] = b'l';
+    format[0] = if shared.is_null() { b'l' } else { b's' };
     for c in format.iter_mut().skip(1).take(n) {
         *c = b's';
     }
@@ -150,18 +193,21 @@ pub fn replicate_keys_packed(
     let numkeys = std::os::raw::c_longlong::try_from(n).unwrap_or(0);
     let fmt = format.as_ptr().cast::<c_char>();
     let cmd = command.as_ptr();
-    /// One call with the first `n` keys, then the buffer, for each `n` listed.
+    /// One call with `numkeys` (shared or a long long), the first `n` keys, then the buffer,
+    /// for each `n` listed.
     macro_rules! with_keys {
         ($f:expr; $($n:literal => [$($i:literal),+]),+ $(,)?) => {
-            match n {
-                $($n => $f(ctx.ctx, cmd, fmt, numkeys, $(k[$i],)+ p, len),)+
+            match (n, shared.is_null()) {
+                $(($n, false) => $f(ctx.ctx, cmd, fmt, shared, $(k[$i],)+ p, len),
+                  ($n, true) => $f(ctx.ctx, cmd, fmt, numkeys, $(k[$i],)+ p, len),)+
                 _ => raw::REDISMODULE_ERR as i32,
             }
         };
     }
-    // SAFETY: a live context, key strings and buffer for the duration of the call. The format
-    // names exactly the variadic arguments passed: a long long, `n` RedisModuleString* (Redis
-    // takes a reference to each), then (const char*, size_t) (Redis copies the buffer).
+    // SAFETY: a live context, strings and buffer for the duration of the call. The format
+    // names exactly the variadic arguments passed: the shared numkeys RedisModuleString* (or a
+    // long long), `n` RedisModuleString* (Redis takes a reference to each), then (const char*,
+    // size_t) (Redis copies the buffer).
     let status = unsafe {
         match raw::RedisModule_Replicate {
             Some(f) => with_keys!(f;
