@@ -114,6 +114,28 @@ pub enum MReserve {
     Denied { index: usize, retry_after_ms: i64 },
 }
 
+/// What MRESERVE decided, as [`plan_mreserve_into`] returns it: a grant's effects and
+/// remainings are in the caller's [`Planned`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Every key grants: [`Planned`] holds each key's effects and remaining.
+    Granted { id: Id },
+    /// As [`MReserve::Retried`].
+    Retried { id: Id },
+    /// As [`MReserve::Denied`].
+    Denied { index: usize, retry_after_ms: i64 },
+}
+
+/// A grant's plan, per key in key order, kept where the caller keeps it (the shell: on its
+/// stack, so neither an allocation nor a move of ~140 bytes a key): the effects, and each
+/// window key's remaining after the grant (`None` at a budget key), as in
+/// [`MReserve::Granted`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Planned {
+    pub effects: SmallVec<[KeyEffects; 8]>,
+    pub remaining: SmallVec<[Option<i64>; 8]>,
+}
+
 /// The status of one key in MSETTLE / MROLLBACK.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyStatus {
@@ -171,19 +193,7 @@ pub fn value(limit: Limit<'_>, wall: i64) -> i64 {
 ///
 /// A budget's id generator is exhausted, or 1024 ids in a row are taken.
 pub fn fresh_id(limits: &[Limit<'_>], wall: i64) -> Result<Id, LedgerError> {
-    // The first candidate after each budget's last generated id, without each budget's own
-    // probe and string round trip: the probe below checks every key anyway.
-    let mut best: Option<StreamId> = None;
-    for limit in limits {
-        if let Limit::Budget(b) = limit {
-            let next = b.last_id.next(b.now(wall)).ok_or(NO_ID_LEFT)?;
-            best = best.max(Some(next));
-        }
-    }
-    let mut candidate = best.unwrap_or(StreamId {
-        ms: u64::try_from(wall).unwrap_or(0),
-        seq: 0,
-    });
+    let mut candidate = first_candidate(limits, wall)?;
     for _ in 0..1024 {
         let id = candidate.to_bytes();
         let taken = limits.iter().any(|l| match l {
@@ -198,6 +208,27 @@ pub fn fresh_id(limits: &[Limit<'_>], wall: i64) -> Result<Id, LedgerError> {
             .ok_or(LedgerError::Invalid("could not generate a fresh id"))?;
     }
     Err(LedgerError::Invalid("could not generate a fresh id"))
+}
+
+/// The first id [`fresh_id`] tries: the largest of the successors of the listed budgets' last
+/// generated ids (each at the budget's clock; `<wall>-0` without a budget), without each
+/// budget's own probe and string round trip.
+///
+/// # Errors
+///
+/// A budget's id generator is exhausted.
+fn first_candidate(limits: &[Limit<'_>], wall: i64) -> Result<StreamId, LedgerError> {
+    let mut best: Option<StreamId> = None;
+    for limit in limits {
+        if let Limit::Budget(b) = limit {
+            let next = b.last_id.next(b.now(wall)).ok_or(NO_ID_LEFT)?;
+            best = best.max(Some(next));
+        }
+    }
+    Ok(best.unwrap_or(StreamId {
+        ms: u64::try_from(wall).unwrap_or(0),
+        seq: 0,
+    }))
 }
 
 fn window_config(w: &Window) -> Result<crate::core::window::WindowConfig, LedgerError> {
@@ -243,18 +274,90 @@ pub fn plan_mreserve_keep(
     wall: i64,
     policy: &Policy,
 ) -> Result<MReserve, KeyError> {
+    let mut planned = Planned::default();
+    Ok(
+        match plan_mreserve_into(
+            limits,
+            amounts,
+            id,
+            ttl_ms,
+            keep,
+            wall,
+            policy,
+            &mut planned,
+        )? {
+            Decision::Granted { id } => MReserve::Granted {
+                id,
+                effects: planned.effects.into_vec(),
+                remaining: planned.remaining,
+            },
+            Decision::Retried { id } => MReserve::Retried { id },
+            Decision::Denied {
+                index,
+                retry_after_ms,
+            } => MReserve::Denied {
+                index,
+                retry_after_ms,
+            },
+        },
+    )
+}
+
+/// [`plan_mreserve_keep`] with a grant's effects and remainings written into `planned`
+/// (cleared first; left with whatever the last plan wrote on any other outcome).
+///
+/// # Errors
+///
+/// Those of [`plan_mreserve_keep`].
+#[allow(clippy::too_many_arguments)]
+pub fn plan_mreserve_into(
+    limits: &[Limit<'_>],
+    amounts: &[i64],
+    id: Option<&[u8]>,
+    ttl_ms: Option<i64>,
+    keep: Option<i64>,
+    wall: i64,
+    policy: &Policy,
+    planned: &mut Planned,
+) -> Result<Decision, KeyError> {
     if keep.is_some_and(|k| k < 0) {
         return Err(LedgerError::Invalid("KEEP must not be negative").into());
     }
     if amounts.len() != limits.len() || limits.is_empty() {
         return Err(LedgerError::Invalid("one amount per key").into());
     }
-    let id: Id = match id {
-        Some(id) => Id::from_slice(id),
-        None => fresh_id(limits, wall)?,
+    let mut reserve =
+        |id: Id| plan_mreserve_as(limits, amounts, id, ttl_ms, keep, wall, policy, planned);
+    let Some(id) = id else {
+        // A generated id: the first candidate, without probing every key for it first. Each
+        // key's plan looks the id up anyway (a budget in its book, a window in its
+        // remembered ids) before it grants or denies: a key that knows it answers a retry or
+        // an error instead. So a grant or a denial proves that no key knows the candidate;
+        // anything else (rare: a client id planted ahead, another request's id in a shared
+        // window, or any error) is planned again, as before, with an id probed on every key.
+        let decided = reserve(first_candidate(limits, wall)?.to_bytes());
+        return match decided {
+            Ok(Decision::Granted { .. } | Decision::Denied { .. }) => decided,
+            _ => reserve(fresh_id(limits, wall)?),
+        };
     };
-    let mut planned = Vec::with_capacity(limits.len());
-    let mut remaining = SmallVec::with_capacity(limits.len());
+    reserve(Id::from_slice(id))
+}
+
+/// [`plan_mreserve_into`] under `id` (given or generated).
+#[allow(clippy::too_many_arguments)]
+fn plan_mreserve_as(
+    limits: &[Limit<'_>],
+    amounts: &[i64],
+    id: Id,
+    ttl_ms: Option<i64>,
+    keep: Option<i64>,
+    wall: i64,
+    policy: &Policy,
+    planned: &mut Planned,
+) -> Result<Decision, KeyError> {
+    planned.effects.clear();
+    planned.remaining.clear();
     let mut retried = 0usize;
     let mut denied: Option<(usize, i64)> = None;
     // The first key that does not know the id: the one at fault when others do (a retry),
@@ -275,11 +378,11 @@ pub fn plan_mreserve_keep(
                         denied = denied.or(Some((i, b.retry_after_keep(now, amount, keep))));
                     }
                 }
-                planned.push(KeyEffects::Budget {
+                planned.effects.push(KeyEffects::Budget {
                     now,
                     effects: plan.effects,
                 });
-                remaining.push(None);
+                planned.remaining.push(None);
             }
             Limit::Window(w) => {
                 let cfg = window_config(w).map_err(|e| KeyError::at(i, e))?;
@@ -306,12 +409,13 @@ pub fn plan_mreserve_keep(
                             window_ms: cfg.window_ms,
                             precision_ms: cfg.precision_ms,
                             cost: amount,
-                            id: Some(id.clone()),
+                            // A memcpy; `clone` copies byte by byte.
+                            id: Some(Id::from_slice(&id)),
                         }]
                     }
                 };
-                planned.push(KeyEffects::Window(effects));
-                remaining.push(after);
+                planned.effects.push(KeyEffects::Window(effects));
+                planned.remaining.push(after);
             }
         }
     }
@@ -319,16 +423,12 @@ pub fn plan_mreserve_keep(
         return Err(KeyError::at(i, retry_conflict(&id, window)));
     }
     Ok(match denied {
-        _ if retried > 0 => MReserve::Retried { id },
-        Some((index, retry_after_ms)) => MReserve::Denied {
+        _ if retried > 0 => Decision::Retried { id },
+        Some((index, retry_after_ms)) => Decision::Denied {
             index,
             retry_after_ms,
         },
-        None => MReserve::Granted {
-            id,
-            effects: planned,
-            remaining,
-        },
+        None => Decision::Granted { id },
     })
 }
 

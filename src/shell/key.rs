@@ -43,6 +43,12 @@ pub struct ModuleKey<'a> {
     /// Never null (a failed open is an error).
     inner: *mut raw::RedisModuleKey,
     signal: bool,
+    /// The key's module type and value as of the open (null: empty, or not a module value),
+    /// kept by [`set_value`](ModuleKey::set_value) and [`delete`](ModuleKey::delete), the only
+    /// ways this module changes them while the key is open: one pair of API calls per open
+    /// instead of one per read (a multi-key write reads each value three times or more).
+    ty: *mut raw::RedisModuleType,
+    value: *mut c_void,
     /// The key name is borrowed: it must outlive the open key.
     _name: PhantomData<&'a RedisString>,
 }
@@ -59,13 +65,32 @@ impl<'a> ModuleKey<'a> {
         if inner.is_null() {
             return Err(RedisError::Str("ERR could not open the key for writing"));
         }
-        Ok(Self {
+        let mut key = Self {
             ctx: ctx.ctx,
             name: name.inner,
             inner,
             signal: true,
+            ty: std::ptr::null_mut(),
+            value: std::ptr::null_mut(),
             _name: PhantomData,
-        })
+        };
+        key.load_type_and_value()?;
+        Ok(key)
+    }
+
+    /// Reads the key's module type and value into the cache.
+    fn load_type_and_value(&mut self) -> Result<(), RedisError> {
+        let get_type = api!(RedisModule_ModuleTypeGetType)?;
+        // SAFETY: the key is open; the type is null for an empty key or a non-module value.
+        self.ty = unsafe { get_type(self.inner) };
+        self.value = if self.ty.is_null() {
+            std::ptr::null_mut()
+        } else {
+            let get = api!(RedisModule_ModuleTypeGetValue)?;
+            // SAFETY: the key is open and holds a module value.
+            unsafe { get(self.inner) }
+        };
+        Ok(())
     }
 
     /// Nothing was written: closing does not signal the key as modified.
@@ -75,6 +100,7 @@ impl<'a> ModuleKey<'a> {
 
     /// The value at this key if it is of type `ty`: `None` if the key is empty, `WRONGTYPE`
     /// if it holds anything else.
+    #[inline]
     pub fn value<T>(&self, ty: &RedisType) -> Result<Option<&T>, RedisError> {
         Ok(self.raw_value::<T>(ty)?.and_then(|v| {
             // SAFETY: a value of type `ty` is a `Box<T>` this module created; `&self` keeps
@@ -84,6 +110,7 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// Like [`value`](ModuleKey::value), mutable.
+    #[inline]
     pub fn value_mut<T>(&mut self, ty: &RedisType) -> Result<Option<&mut T>, RedisError> {
         Ok(self.raw_value::<T>(ty)?.and_then(|v| {
             // SAFETY: as in `value`; `&mut self` excludes any other access through this key.
@@ -92,30 +119,20 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// True if the key holds a value of the module type `ty` (false: empty, or another type).
+    #[inline]
     pub fn holds(&self, ty: &RedisType) -> bool {
-        let Ok(get_type) = api!(RedisModule_ModuleTypeGetType) else {
-            return false;
-        };
-        // SAFETY: the key is open; the type is null for an empty key or a non-module value.
-        let actual = unsafe { get_type(self.inner) };
-        actual == *ty.raw_type.borrow()
+        !self.ty.is_null() && self.ty == *ty.raw_type.borrow()
     }
 
+    #[inline]
     fn raw_value<T>(&self, ty: &RedisType) -> Result<Option<*mut T>, RedisError> {
-        if self.inner.is_null() {
-            return Ok(None);
-        }
-        let get_type = api!(RedisModule_ModuleTypeGetType)?;
-        // SAFETY: the key is open; the type is null for an empty key or a non-module value.
-        if unsafe { get_type(self.inner) } != *ty.raw_type.borrow() {
-            // Not ours: empty (no value), or another type (WRONGTYPE). One call fewer for the
-            // usual case, a key of our type, which every write meets twice.
+        if !self.holds(ty) {
+            // Not ours: empty (no value), or another type (WRONGTYPE).
             crate::shell::wrongtype(verify_type(self.inner, ty))?;
             return Ok(None);
         }
-        let get = api!(RedisModule_ModuleTypeGetValue)?;
-        // SAFETY: the key is open and holds a value of type `ty` (checked above).
-        let value = unsafe { get(self.inner) }.cast::<T>();
+        // The value of type `ty` read at the open (or stored since).
+        let value = self.value.cast::<T>();
         Ok((!value.is_null()).then_some(value))
     }
 
@@ -129,6 +146,8 @@ impl<'a> ModuleKey<'a> {
         // through the type's `free` callback (which drops a `Box<T>`).
         let status = unsafe { set(self.inner, *ty.raw_type.borrow(), value) };
         if status == OK {
+            self.ty = *ty.raw_type.borrow();
+            self.value = value;
             Ok(())
         } else {
             // SAFETY: Redis refused the value, so it is still ours.
@@ -164,10 +183,12 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// Deletes the key (a no-op if it is empty).
-    pub fn delete(&self) -> Result<(), RedisError> {
+    pub fn delete(&mut self) -> Result<(), RedisError> {
         let delete = api!(RedisModule_DeleteKey)?;
         // SAFETY: the key is open (Redis refuses a read-only one with an error).
         if !self.inner.is_null() && unsafe { delete(self.inner) } == OK {
+            self.ty = std::ptr::null_mut();
+            self.value = std::ptr::null_mut();
             Ok(())
         } else {
             Err(RedisError::Str("ERR could not delete the key"))

@@ -18,7 +18,9 @@ use smallvec::SmallVec;
 use std::ffi::CStr;
 
 use crate::core::ledger::Budget;
-use crate::core::multi::{self, KeyEffects, KeyError, KeyOutcome, KeyStatus, Limit, MReserve};
+use crate::core::multi::{
+    self, Decision, KeyEffects, KeyError, KeyOutcome, KeyStatus, Limit, Planned,
+};
 use crate::core::window::Window;
 use crate::shell::apply::{apply_counted_logged, count_releases, write_usage};
 use crate::shell::args::{check_id, Args};
@@ -104,7 +106,11 @@ fn parse_keys<'a>(a: &mut Args<'a>, after: After) -> Result<Keys<'a>, RedisError
     for _ in 0..n {
         let k = a.next_string()?;
         let bytes = k.as_slice();
-        if seen.contains(&bytes) {
+        // Names under one hash tag share their start: the last byte first, then the rest.
+        if seen
+            .iter()
+            .any(|s| s.len() == bytes.len() && s.last() == bytes.last() && *s == bytes)
+        {
             return Err(RedisError::String(format!(
                 "ERR key '{}' is listed twice",
                 crate::core::error::printable_id(bytes)
@@ -152,15 +158,19 @@ fn not_an_option(a: &Args, t: &[u8], n: usize, what: &str) -> RedisError {
     }
 }
 
-/// Opens every key writable and tells its kind. Errors (and declares every key unchanged) on
-/// an empty key (`NOQUOTA`), a window key without a configuration (`NOQUOTA`), another type
+/// Opens every key writable into `opened` (the caller's, on its stack: the open keys are not
+/// moved) and tells its kind. Errors (and declares every key unchanged) on an empty key
+/// (`NOQUOTA`), a window key without a configuration (`NOQUOTA`), another type
 /// (`WRONGTYPE`).
-fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<OpenedKeys<'a>, RedisError> {
-    let mut opened: OpenedKeys<'a> = SmallVec::with_capacity(names.len());
+fn open_all<'a>(
+    ctx: &Context,
+    names: &[&'a RedisString],
+    opened: &mut OpenedKeys<'a>,
+) -> Result<(), RedisError> {
     for &name in names {
         let key = match ModuleKey::open_writable(ctx, name) {
             Ok(k) => k,
-            Err(e) => return Err(abort(&mut opened, e)),
+            Err(e) => return Err(abort(opened, e)),
         };
         let kind = if key.holds(&BUDGET_TYPE) {
             Ok(Kind::Budget)
@@ -183,11 +193,11 @@ fn open_all<'a>(ctx: &Context, names: &[&'a RedisString]) -> Result<OpenedKeys<'
             Err(e) => {
                 let mut key = key;
                 key.unchanged();
-                return Err(abort(&mut opened, naming_key(e, name)));
+                return Err(abort(opened, naming_key(e, name)));
             }
         }
     }
-    Ok(opened)
+    Ok(())
 }
 
 /// `e` with the listed key it is about appended (`... (key 'quota:{t}:rpm')`): with up to 16
@@ -225,19 +235,20 @@ fn unchanged_all(opened: &mut [Opened]) {
 
 /// The stored values of the keys, for planning.
 fn limits<'k>(opened: &'k [Opened]) -> Result<SmallVec<[Limit<'k>; 8]>, RedisError> {
-    opened
-        .iter()
-        .map(|o| match o.kind {
-            Kind::Budget => Ok(Limit::Budget(
-                o.key.value::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)?,
-            )),
-            Kind::Window => Ok(Limit::Window(
+    let mut limits = SmallVec::with_capacity(opened.len());
+    for o in opened {
+        limits.push(match o.kind {
+            Kind::Budget => {
+                Limit::Budget(o.key.value::<Budget>(&BUDGET_TYPE)?.ok_or_else(noquota)?)
+            }
+            Kind::Window => Limit::Window(
                 o.key
                     .value::<Window>(&WINDOW_TYPE)?
                     .ok_or_else(no_window_config)?,
-            )),
-        })
-        .collect()
+            ),
+        });
+    }
+    Ok(limits)
 }
 
 /// Each key's value now (a budget's available, a window's remaining).
@@ -399,22 +410,26 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
     let max_id = config::max_id_length();
-    let mut opened = open_all(ctx, &names)?;
-    let outcome = plan_on(&mut opened, |limits| {
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
+    // The plan's effects stay here, on the stack, until applied.
+    let mut planned = Planned::default();
+    let decision = plan_on(&mut opened, |limits| {
         for l in limits {
             if let Limit::Budget(b) = l {
                 check_new_id(b, id, max_id)?;
             }
         }
-        let outcome = multi::plan_mreserve_keep(limits, &amounts, id, ttl, keep, wall, &policy)
-            .map_err(|e| key_error(&names, e))?;
-        if let MReserve::Granted { effects, .. } = &outcome {
-            check_streams(ctx, &names, limits, effects.iter())?;
+        let decision =
+            multi::plan_mreserve_into(limits, &amounts, id, ttl, keep, wall, &policy, &mut planned)
+                .map_err(|e| key_error(&names, e))?;
+        if let Decision::Granted { .. } = decision {
+            check_streams(ctx, &names, limits, planned.effects.iter())?;
         }
-        Ok(outcome)
+        Ok(decision)
     })?;
-    match outcome {
-        MReserve::Retried { id } => {
+    match decision {
+        Decision::Retried { id } => {
             unchanged_all(&mut opened);
             stats::bump(&stats::MRESERVE_GRANTED);
             Ok(reserve_reply(
@@ -425,7 +440,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 &values_now(&opened, wall)?,
             ))
         }
-        MReserve::Denied {
+        Decision::Denied {
             index,
             retry_after_ms,
         } => {
@@ -440,12 +455,14 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 &values_now(&opened, wall)?,
             ))
         }
-        MReserve::Granted {
-            id,
-            effects,
-            remaining,
-        } => {
-            let values = apply_all(ctx, &mut opened, &effects, Some(&remaining), wall)?;
+        Decision::Granted { id } => {
+            let values = apply_all(
+                ctx,
+                &mut opened,
+                &planned.effects,
+                Some(&planned.remaining),
+                wall,
+            )?;
             stats::bump(&stats::MRESERVE_GRANTED);
             Ok(reserve_reply(ctx, Some(&id), -1, 0, &values))
         }
@@ -555,7 +572,8 @@ pub fn quota_msettle(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let at = parse_at_only(&mut a, Some((names.len(), "actual")))?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     let outcomes = plan_on(&mut opened, |limits| {
         let outcomes = multi::plan_msettle_actuals(limits, id, &actuals, wall, &policy)
             .map_err(|e| key_error(&names, e))?;
@@ -577,7 +595,8 @@ pub fn quota_mrollback(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     let outcomes = plan_on(&mut opened, |limits| {
         let outcomes =
             multi::plan_mrollback(limits, id, wall, &policy).map_err(|e| key_error(&names, e))?;
@@ -601,7 +620,8 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let at = parse_at_only(&mut a, None)?;
     let wall = clock::command_ms(at)?;
     let policy = config::policy();
-    let mut opened = open_all(ctx, &names)?;
+    let mut opened = OpenedKeys::new();
+    open_all(ctx, &names, &mut opened)?;
     let effects = plan_on(&mut opened, |limits| {
         let effects = multi::plan_mextend(limits, id, ttl, wall, &policy)
             .map_err(|e| key_error(&names, e))?;
