@@ -541,14 +541,7 @@ fn mapply_v1_commands() -> &'static [&'static str] {
 #[test]
 fn mapply_lines_of_the_full_form_still_load() {
     let aof = include_bytes!("fixtures/mapply-v1.aof");
-    let args = [
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--aof-use-rdb-preamble",
-        "no",
-    ];
+    let args = PLAIN_AOF;
     let mods = ["test-clock", "yes", "sweep-effort", "0"];
     let old = Server::start_with_files(&args, &mods, &[("appendonly.aof", aof)]);
     let mut fresh = Server::start_with_module_args(&args, &mods);

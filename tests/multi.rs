@@ -1016,17 +1016,8 @@ fn replica_and_aof_replays_are_digest_equal_after_a_multi_key_workload() {
 /// (The replication's format is built per count: one `s` per key.)
 #[test]
 fn one_to_sixteen_keys_each_replicate_as_one_mapply_line() {
-    let mut master = Server::start_with_module_args(
-        &[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--aof-use-rdb-preamble",
-            "no",
-        ],
-        &["test-clock", "yes", "sweep-effort", "0"],
-    );
+    let mut master =
+        Server::start_with_module_args(&PLAIN_AOF, &["test-clock", "yes", "sweep-effort", "0"]);
     let replica = Server::start(&[]);
     replica.replicate_from(&master);
     let mut c = master.conn();
@@ -1071,17 +1062,8 @@ fn one_to_sixteen_keys_each_replicate_as_one_mapply_line() {
 /// (settles) alike.
 #[test]
 fn multi_key_writes_in_a_transaction_or_a_script_replicate_each() {
-    let mut master = Server::start_with_module_args(
-        &[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--aof-use-rdb-preamble",
-            "no",
-        ],
-        &["test-clock", "yes", "sweep-effort", "0"],
-    );
+    let mut master =
+        Server::start_with_module_args(&PLAIN_AOF, &["test-clock", "yes", "sweep-effort", "0"]);
     let replica = Server::start(&[]);
     replica.replicate_from(&master);
     let mut c = master.conn();
@@ -1147,17 +1129,7 @@ fn multi_key_writes_in_a_transaction_or_a_script_replicate_each() {
 /// same state. A client cannot send it, and a malformed line changes nothing.
 #[test]
 fn a_multi_key_write_is_one_mapply_line_replayed_from_the_aof() {
-    let mut s = Server::start_with_module_args(
-        &[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--aof-use-rdb-preamble",
-            "no",
-        ],
-        &["test-clock", "yes"],
-    );
+    let mut s = Server::start_with_module_args(&PLAIN_AOF, &["test-clock", "yes"]);
     let mut c = s.conn();
     setup(&mut c);
     mreserve(&mut c, 1, [10, 20, 30, 1, 100, 1], Some("r1"));

@@ -370,6 +370,17 @@ pub fn keys(con: &mut redis::Connection) -> Vec<String> {
     k
 }
 
+/// Server arguments for AOF tests: every write synced at once, the AOF in plain commands (no
+/// RDB preamble), so [`incr_aof`] reads the replicated lines as they were written.
+pub const PLAIN_AOF: [&str; 6] = [
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+    "--aof-use-rdb-preamble",
+    "no",
+];
+
 /// Every `*.incr.aof` in the server's AOF directory, concatenated.
 pub fn incr_aof(s: &Server) -> Vec<u8> {
     let mut out = Vec::new();
