@@ -48,15 +48,24 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-/// A free port whose cluster bus port (port + 10000) is free too.
+/// Every port (and bus port) handed out to a cluster node by this test process.
+static CLUSTER_PORTS: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A free port whose cluster bus port (port + 10000) is free too, and neither handed out to
+/// a cluster node before in this process: the nodes of a cluster keep trying a killed node's
+/// address, and would meet (and merge with) another cluster's node started on it.
 fn free_cluster_port() -> u16 {
+    let mut used = CLUSTER_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().unwrap().port();
-        if port > 55535 {
+        if port > 55535 || used.contains(&port) || used.contains(&(port + 10000)) {
             continue;
         }
         if TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            used.insert(port);
+            used.insert(port + 10000);
             return port;
         }
     }
