@@ -921,6 +921,7 @@ type DeadlineIndex = HTree<PendingSum>;
 fn add_pending(
     store: &mut Store,
     by_deadline: &mut DeadlineIndex,
+    deadline_bound: &mut Option<i64>,
     id: [u8; INLINE],
     meta: u8,
     r: Reservation,
@@ -934,13 +935,7 @@ fn add_pending(
         heartbeat: r.heartbeat_ms.to_le_bytes(),
     };
     let h = store.pending.push(slot)?;
-    let store = &*store;
-    let key = store.pending_key(h);
-    by_deadline.insert_measured(
-        h,
-        |x| key.cmp(&store.pending_key(x)),
-        &pending_measure(store),
-    );
+    index_deadline(store, by_deadline, deadline_bound, h);
     Some(h)
 }
 
@@ -972,7 +967,13 @@ fn add_finished(
 
 /// A pending reservation's new values, in place (re-indexed if the deadline, or what the
 /// index sums — the amount, the elapsed charge — changed).
-fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r: Reservation) {
+fn update_pending(
+    store: &mut Store,
+    by_deadline: &mut DeadlineIndex,
+    deadline_bound: &mut Option<i64>,
+    h: u32,
+    r: Reservation,
+) {
     let Some(old) = store.pending_slot(h) else {
         return;
     };
@@ -993,13 +994,7 @@ fn update_pending(store: &mut Store, by_deadline: &mut DeadlineIndex, h: u32, r:
         slot.heartbeat = r.heartbeat_ms.to_le_bytes();
     }
     if moved {
-        let store = &*store;
-        let key = store.pending_key(h);
-        by_deadline.insert_measured(
-            h,
-            |x| key.cmp(&store.pending_key(x)),
-            &pending_measure(store),
-        );
+        index_deadline(store, by_deadline, deadline_bound, h);
     }
 }
 
@@ -1166,6 +1161,87 @@ pub struct Book {
     /// indexes), read by every command's view and maintenance: kept here so that reading them
     /// does not walk down to a cold corner of a large book on each call.
     soonest: Soonest,
+    /// Upper bounds of the ids and of the deadlines indexed: what is known to be above every
+    /// key without reading the last one.
+    bounds: Bounds,
+}
+
+/// Most id bytes an [`IdBound`] holds: a generated id (`<ms>-<seq>`, 15 to 20 bytes) fits.
+const BOUND_LEN: usize = 23;
+
+/// An upper bound (byte order) of every id indexed in a book since it was created, never
+/// lowered by removals. An id above it is above every id of both id indexes: a generated id
+/// (above the ones before it) is known absent, and appended, without walking down to the
+/// indexes' last entries — cold corners of a large book, most of the cache misses of a
+/// multi-key grant (issue 19).
+#[derive(Clone, Copy)]
+struct IdBound {
+    /// 0: no id indexed yet (every id is above); [`IdBound::UNKNOWN`]: an id longer than
+    /// [`BOUND_LEN`] was indexed (none is known above); else the bound's length.
+    len: u8,
+    bytes: [u8; BOUND_LEN],
+}
+
+impl IdBound {
+    const UNKNOWN: u8 = u8::MAX;
+
+    /// Is `id` above every id indexed?
+    fn is_below(&self, id: &[u8]) -> bool {
+        match self.len {
+            0 => true,
+            Self::UNKNOWN => false,
+            n => self
+                .bytes
+                .get(..usize::from(n))
+                .is_some_and(|bound| id > bound),
+        }
+    }
+
+    /// Keeps the bound above `id`, about to be indexed.
+    fn raise(&mut self, id: &[u8]) {
+        if self.len == Self::UNKNOWN || !self.is_below(id) {
+            return;
+        }
+        match (u8::try_from(id.len()), self.bytes.get_mut(..id.len())) {
+            (Ok(n), Some(bytes)) => {
+                bytes.copy_from_slice(id);
+                self.len = n;
+            }
+            _ => self.len = Self::UNKNOWN,
+        }
+    }
+}
+
+impl Default for IdBound {
+    fn default() -> Self {
+        IdBound {
+            len: 0,
+            bytes: [0; BOUND_LEN],
+        }
+    }
+}
+
+/// See [`Book::bounds`].
+#[derive(Clone, Copy, Default)]
+struct Bounds {
+    id: IdBound,
+    /// At or above every deadline indexed since the book was created (`None`: none was); a
+    /// later deadline is appended to the deadline index without reading its last key.
+    deadline: Option<i64>,
+}
+
+/// Indexes pending handle `h` (its slot filled) by deadline: appended without a comparison
+/// when its deadline is later than every one indexed before (`bound`, raised here).
+fn index_deadline(store: &Store, by_deadline: &mut DeadlineIndex, bound: &mut Option<i64>, h: u32) {
+    let key = store.pending_key(h);
+    let above = bound.is_none_or(|b| key.0 > b);
+    by_deadline.insert_measured_above(
+        h,
+        |x| key.cmp(&store.pending_key(x)),
+        &pending_measure(store),
+        above,
+    );
+    *bound = Some(bound.map_or(key.0, |b| b.max(key.0)));
 }
 
 /// The first keys of the time indexes, kept in step by every change.
@@ -1194,6 +1270,9 @@ impl Book {
     /// The entry of `id`, pending or remembered. An id above all (a new client id that grows,
     /// such as a time-ordered request id) is answered with one comparison per index.
     pub fn get(&self, id: &[u8]) -> Option<Entry> {
+        if self.bounds.id.is_below(id) {
+            return None;
+        }
         let store = &self.store;
         let in_pending = |h| id.cmp(store.pending_id(h));
         if !self.pending_ids.is_above_last(in_pending) {
@@ -1216,6 +1295,9 @@ impl Book {
     /// Is `id` known (pending or remembered)? An id above all (generated, or a growing client
     /// id) is answered with one comparison per index.
     fn contains(&self, id: &[u8]) -> bool {
+        if self.bounds.id.is_below(id) {
+            return false;
+        }
         let store = &self.store;
         let in_pending = |h| id.cmp(store.pending_id(h));
         let in_finished = |h| id.cmp(store.finished_id(h));
@@ -1261,17 +1343,13 @@ impl Book {
         }
         self.store.unit_ms = unit_ms;
         let handles: Vec<u32> = self.by_deadline.iter().collect();
-        let store = &self.store;
         let mut tree = DeadlineIndex::default();
+        let mut bound = None;
         for h in handles {
-            let key = store.pending_key(h);
-            tree.insert_measured(
-                h,
-                |x| key.cmp(&store.pending_key(x)),
-                &pending_measure(store),
-            );
+            index_deadline(&self.store, &mut tree, &mut bound, h);
         }
         self.by_deadline = tree;
+        self.bounds.deadline = bound;
     }
 
     /// The soonest deadline of a pending reservation.
@@ -1366,6 +1444,7 @@ impl Book {
             by_deadline,
             by_finish,
             soonest,
+            bounds,
         } = self;
         // One search of the id's index decides and, when the entry changes kind, takes the id
         // out of it. The pending ids first: fewer, and what settles and rollbacks look for.
@@ -1414,7 +1493,9 @@ impl Book {
             None => return Err(missing),
         };
         match (is_pending, entry) {
-            (true, Entry::Pending(r)) => update_pending(store, by_deadline, old, r),
+            (true, Entry::Pending(r)) => {
+                update_pending(store, by_deadline, &mut bounds.deadline, old, r);
+            }
             (false, Entry::Finished(f)) => update_finished(store, by_finish, old, f),
             (true, Entry::Finished(f)) if moved_out => {
                 // The new slot exists before anything compares its handle.
@@ -1435,7 +1516,9 @@ impl Book {
                 let Some(&s) = store.finished_slot(old) else {
                     return Err(missing);
                 };
-                let Some(h) = add_pending(store, by_deadline, s.id, s.meta, r) else {
+                let Some(h) =
+                    add_pending(store, by_deadline, &mut bounds.deadline, s.id, s.meta, r)
+                else {
                     let st = &*store;
                     finished_ids.insert(old, |x| id.cmp(st.finished_id(x)));
                     return Err(missing);
@@ -1487,7 +1570,8 @@ impl Book {
             Entry::Pending(_) => self.store.pending.next_handle(),
             Entry::Finished(_) => self.store.finished.next_handle(),
         };
-        let (Some(handle), false) = (handle, self.contains(id)) else {
+        let above = self.bounds.id.is_below(id);
+        let (Some(handle), false) = (handle, !above && self.contains(id)) else {
             return false;
         };
         let Some((bytes, meta)) = self.store.encode_id(id) else {
@@ -1496,20 +1580,28 @@ impl Book {
         // The slot exists before its handle is indexed (the indexes compare through slots).
         match entry {
             Entry::Pending(r) => {
-                add_pending(&mut self.store, &mut self.by_deadline, bytes, meta, r);
+                add_pending(
+                    &mut self.store,
+                    &mut self.by_deadline,
+                    &mut self.bounds.deadline,
+                    bytes,
+                    meta,
+                    r,
+                );
                 let store = &self.store;
                 self.pending_ids
-                    .insert(handle, |h| id.cmp(store.pending_id(h)));
+                    .insert_above(handle, |h| id.cmp(store.pending_id(h)), above);
                 self.soonest.deadline = earlier(self.soonest.deadline, r.deadline_ms);
             }
             Entry::Finished(f) => {
                 add_finished(&mut self.store, &mut self.by_finish, bytes, meta, f);
                 let store = &self.store;
                 self.finished_ids
-                    .insert(handle, |h| id.cmp(store.finished_id(h)));
+                    .insert_above(handle, |h| id.cmp(store.finished_id(h)), above);
                 self.soonest.finish = earlier(self.soonest.finish, f.finished_ms);
             }
         }
+        self.bounds.id.raise(id);
         true
     }
 
@@ -1671,6 +1763,13 @@ impl Book {
             || self.finished_ids.len() != store.finished.live()
         {
             return Err("index and slab sizes differ");
+        }
+        if self.entries().any(|(id, _)| self.bounds.id.is_below(id))
+            || self
+                .by_deadline()
+                .any(|(d, _)| self.bounds.deadline.is_none_or(|b| d > b))
+        {
+            return Err("an id or a deadline is above its bound");
         }
         if self.soonest.deadline != indexed_first_deadline(&self.by_deadline, store)
             || self.soonest.finish != indexed_first_finish(&self.by_finish, store)

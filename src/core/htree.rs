@@ -273,6 +273,12 @@ impl HTree<()> {
         self.insert_measured(h, probe, &|_| ())
     }
 
+    /// [`HTree::insert`] of a key the caller knows to be above every key when `above`, as
+    /// [`HTree::insert_measured_above`].
+    pub fn insert_above(&mut self, h: u32, probe: impl Fn(u32) -> Ordering, above: bool) -> bool {
+        self.insert_measured_above(h, probe, &|_| (), above)
+    }
+
     /// Removes the handle whose key `probe` matches and returns it.
     pub fn remove(&mut self, probe: impl Fn(u32) -> Ordering) -> Option<u32> {
         self.remove_measured(probe, &|_| ())
@@ -355,6 +361,20 @@ impl<M: Measure> HTree<M> {
         probe: impl Fn(u32) -> Ordering,
         measure: &impl Fn(u32) -> M,
     ) -> bool {
+        self.insert_measured_above(h, probe, measure, false)
+    }
+
+    /// [`HTree::insert_measured`]; `above`: the caller knows the key is above every key of the
+    /// tree (from a bound it keeps), so it is appended without reading the last key (a walk
+    /// down to the tree's last leaf and the entry it names: cache misses in a large tree).
+    /// `false` finds out as `insert_measured` does.
+    pub fn insert_measured_above(
+        &mut self,
+        h: u32,
+        probe: impl Fn(u32) -> Ordering,
+        measure: &impl Fn(u32) -> M,
+        above: bool,
+    ) -> bool {
         let Some(mut root) = self.root.take() else {
             let mut items = Items::new();
             items.push(h);
@@ -365,7 +385,11 @@ impl<M: Measure> HTree<M> {
         };
         // Keys mostly arrive in order (generated ids, deadlines, finish times): one comparison
         // with the last key then replaces a binary search at every level.
-        let append = last_of(&root).is_some_and(|last| probe(last) == Ordering::Greater);
+        debug_assert!(
+            !above || last_of(&root).is_none_or(|last| probe(last) == Ordering::Greater),
+            "a key said to be above every key is not"
+        );
+        let append = above || last_of(&root).is_some_and(|last| probe(last) == Ordering::Greater);
         let result = insert_rec(
             &mut root,
             h,
