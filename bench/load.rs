@@ -79,12 +79,15 @@ pub enum Kind {
     /// The multi-limit workloads (issue 19): one request against [`MULTI_KEYS`] limits.
     LuaMReserve,
     LuaMCycle,
+    /// `FLOOR.MWRITE` (bench/floor.rs): the module API calls of a granted 5-key MRESERVE, no
+    /// ledger, with MRESERVE's argv (the tenant's [`MULTI_KEYS`] keys and amounts).
+    MFloor,
     MReserve,
     MCycle,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 19] = [
         Kind::Incr,
         Kind::Hincrby,
         Kind::Floor,
@@ -101,6 +104,7 @@ impl Kind {
         Kind::Window,
         Kind::LuaMReserve,
         Kind::LuaMCycle,
+        Kind::MFloor,
         Kind::MReserve,
         Kind::MCycle,
     ];
@@ -108,6 +112,11 @@ impl Kind {
     /// The workloads that need `QUOTA.MRESERVE` / `QUOTA.MSETTLE` in the module.
     pub fn needs_multi(self) -> bool {
         matches!(self, Kind::MReserve | Kind::MCycle)
+    }
+
+    /// The workloads that need the API-floor module (bench/floor.rs) loaded.
+    pub fn needs_floor(self) -> bool {
+        matches!(self, Kind::Floor | Kind::MFloor)
     }
 
     /// Measured again with the server on a CPU of its own: each module workload with a
@@ -139,6 +148,7 @@ impl Kind {
             Kind::Window => "QUOTA.WINDOW",
             Kind::LuaMReserve => "Lua mreserve (5 keys)",
             Kind::LuaMCycle => "Lua mreserve+msettle (5 keys)",
+            Kind::MFloor => "module API floor, 5 keys (FLOOR.MWRITE)",
             Kind::MReserve => "QUOTA.MRESERVE (5 keys)",
             Kind::MCycle => "QUOTA.MRESERVE+MSETTLE (5 keys)",
         }
@@ -150,6 +160,7 @@ impl Kind {
             Kind::Incr => &["incr"],
             Kind::Hincrby => &["hincrby"],
             Kind::Floor => &["floor.write"],
+            Kind::MFloor => &["floor.mwrite"],
             Kind::LuaReserve
             | Kind::LuaCycle
             | Kind::LuaRollback
@@ -298,6 +309,8 @@ pub struct MultiKeys {
     pub lua: [Vec<u8>; MULTI_BUDGETS + 2 * (MULTI_KEYS - MULTI_BUDGETS)],
     /// The detail hash's prefix (the id follows).
     pub detail: String,
+    /// `FLOOR.MWRITE`'s keys (never created: it does not read them), as many as `module`.
+    pub floor: [Vec<u8>; MULTI_KEYS],
 }
 
 impl MultiKeys {
@@ -315,6 +328,7 @@ impl MultiKeys {
                 key("ltpm:cfg"),
             ],
             detail: format!("quota_reserve:{{t{k}}}:"),
+            floor: [key("f1"), key("f2"), key("f3"), key("f4"), key("f5")],
         }
     }
 
@@ -827,9 +841,13 @@ fn batch(
                 }
             }
         }
-        Kind::LuaMReserve | Kind::MReserve => {
+        Kind::LuaMReserve | Kind::MReserve | Kind::MFloor => {
             for _ in 0..depth {
-                queue_mreserve(p, scripts, kind == Kind::LuaMReserve, t, n);
+                if kind == Kind::MFloor {
+                    queue_mfloor(p, t, n);
+                } else {
+                    queue_mreserve(p, scripts, kind == Kind::LuaMReserve, t, n);
+                }
             }
             for v in &p.send(con)? {
                 expect_first(v, 1)?;
@@ -978,6 +996,22 @@ fn queue_mreserve(
         p.int(a);
     }
     (k, id)
+}
+
+/// Queues thread `t`'s next `FLOOR.MWRITE numkeys keys.. amounts..`: the argv of its
+/// `QUOTA.MRESERVE` (as many keys and amounts) on the tenant's floor keys.
+fn queue_mfloor(p: &mut Packed, t: usize, n: &mut u64) {
+    let k = key_of(t, *n);
+    *n += 1;
+    let m = &multi_keys()[k];
+    p.cmd(2 + 2 * MULTI_KEYS).bulk(b"FLOOR.MWRITE");
+    p.int(MULTI_KEYS as i64);
+    for key in &m.floor {
+        p.bulk(key);
+    }
+    for a in MULTI_AMOUNTS {
+        p.int(a);
+    }
 }
 
 /// Queues the start of a multi-key call on `m`'s keys, `more` arguments to follow: with `lua`,

@@ -31,6 +31,8 @@ pub struct Results {
     pub wall: Duration,
     /// The module has no `QUOTA.MRESERVE` / `QUOTA.MSETTLE`: their rows were not run.
     pub multi_missing: bool,
+    /// The API-floor module (bench/floor.rs) was not found: the floor rows were not run.
+    pub floor_missing: bool,
 }
 
 impl Results {
@@ -70,7 +72,8 @@ const MULTI_NOTE: &str = "The 5-key rows: one request against 3 budgets (a `QUOT
      key each, amount 1000) and an RPM (cost 1) and a TPM (cost 1000) window key (`QUOTA.SET ... \
      WINDOW`, 1 s), all under the tenant's `{t<k>}` hash tag; the cycle settles at 600 tokens. \
      Lua: `bench/lua/mreserve.lua` and `msettle.lua` on hashes, a detail hash per reservation and \
-     ZSETs.";
+     ZSETs. The 5-key floor: `FLOOR.MWRITE` (`bench/floor.rs`) with MRESERVE's argv (5 keys of \
+     the tenant, 5 amounts), making only the Redis calls a granted MRESERVE makes.";
 
 /// The Lua workload each module workload replaces.
 fn lua_twin(kind: Kind) -> Option<Kind> {
@@ -80,7 +83,7 @@ fn lua_twin(kind: Kind) -> Option<Kind> {
         Kind::Rollback => Kind::LuaRollback,
         Kind::Charge => Kind::LuaDaily,
         Kind::Window => Kind::LuaWindow,
-        Kind::MReserve => Kind::LuaMReserve,
+        Kind::MReserve | Kind::MFloor => Kind::LuaMReserve,
         Kind::MCycle => Kind::LuaMCycle,
         _ => return None,
     })
@@ -217,11 +220,27 @@ pub fn render(cfg: &Config, r: &Results) -> String {
             );
             let _ = writeln!(s, "| {} | – | not run | | | | | | |", Kind::MCycle.name());
         }
+        if r.floor_missing {
+            for kind in Kind::ALL.into_iter().filter(|&k| k.needs_floor()) {
+                if cfg.runs_workload(kind) {
+                    let _ = writeln!(
+                        s,
+                        "| {} | – | not run: no libapifloor.so (`cargo build --release --example \
+                         apifloor`) | | | | | | |",
+                        kind.name()
+                    );
+                }
+            }
+        }
         let multi_rows = r.multi_missing
             || r.load.iter().any(|m| {
                 matches!(
                     m.kind,
-                    Kind::MReserve | Kind::MCycle | Kind::LuaMReserve | Kind::LuaMCycle
+                    Kind::MFloor
+                        | Kind::MReserve
+                        | Kind::MCycle
+                        | Kind::LuaMReserve
+                        | Kind::LuaMCycle
                 )
             });
         let _ = writeln!(
@@ -636,31 +655,103 @@ fn goals(cfg: &Config, r: &Results) -> String {
         let _ = writeln!(s, "{line}");
     }
     s.push_str(&floor_note(r));
+    s.push_str(&mfloor_note(r));
     s
+}
+
+/// `a ÷ b` as "1.23× name", or "name: not run" when `b` was not measured.
+fn times(a: f64, b: Option<f64>, name: &str) -> String {
+    match b {
+        Some(b) if b > 0.0 => format!("{} {name}", ratio(a, b)),
+        _ => format!("{name}: not run"),
+    }
 }
 
 /// What the module API alone costs in this run (`FLOOR.WRITE`), against the CPU goals.
 fn floor_note(r: &Results) -> String {
-    let (Some(floor), Some(hincr), Some(reserve)) = (
-        r.cost(Kind::Floor),
-        r.cost(Kind::Hincrby),
-        r.cost(Kind::Reserve),
-    ) else {
-        return String::new();
+    let Some(floor) = r.cost(Kind::Floor) else {
+        return if r.floor_missing {
+            "\nThe module API floor (FLOOR.WRITE): not run (no libapifloor.so).\n".into()
+        } else {
+            String::new()
+        };
     };
-    let lua = |k| r.cost(k).map_or("–".into(), |c| ratio(floor, c));
+    let hincr = r.cost(Kind::Hincrby);
+    let above = match r.cost(Kind::Reserve) {
+        Some(reserve) => format!(
+            "is {:.2} µs ({})",
+            reserve - floor,
+            times(reserve - floor, hincr, "HINCRBY")
+        ),
+        None => "was not measured (RESERVE: not run)".into(),
+    };
     format!(
         "\nThe module API floor in this run: a command making only the Redis calls a granted \
-         RESERVE makes (open the key, replicate one packed string, a 4-element reply; \
-         `bench/floor.rs`) costs {floor:.2} µs: {} HINCRBY, {} of the Lua reserve, {} of the \
-         Lua window. RESERVE above that floor (the ledger and its bookkeeping) is {:.2} µs \
-         ({} HINCRBY).\n",
-        ratio(floor, hincr),
-        lua(Kind::LuaReserve),
-        lua(Kind::LuaWindow),
-        reserve - floor,
-        ratio(reserve - floor, hincr),
+         RESERVE makes (open the key and read its type, one keyspace event, replicate one packed \
+         string, a 4-element reply; `bench/floor.rs`) costs {floor:.2} µs: {}, {}, {}. RESERVE \
+         above that floor (the ledger and its bookkeeping) {above}.\n",
+        times(floor, hincr, "HINCRBY"),
+        times(floor, r.cost(Kind::LuaReserve), "the Lua reserve"),
+        times(floor, r.cost(Kind::LuaWindow), "the Lua window"),
     )
+}
+
+/// The 5-key floor (`FLOOR.MWRITE`) against MRESERVE and the goal MRESERVE ≤ 3× RESERVE: how
+/// much of MRESERVE is the module API's, and how much ledger work the goal leaves for 5 keys.
+fn mfloor_note(r: &Results) -> String {
+    let mreserve = r.cost(Kind::MReserve);
+    let Some(mfloor) = r.cost(Kind::MFloor) else {
+        return if r.floor_missing && (mreserve.is_some() || r.multi_missing) {
+            "\nThe 5-key floor (FLOOR.MWRITE): not run (no libapifloor.so).\n".into()
+        } else {
+            String::new()
+        };
+    };
+    let floor = r.cost(Kind::Floor);
+    let reserve = r.cost(Kind::Reserve);
+    let mut s = format!(
+        "\nThe 5-key floor (FLOOR.MWRITE: each key opened, its type read, one keyspace event; one \
+         MAPPLY-sized line replicated; the grant's reply) costs {mfloor:.2} µs ({})",
+        times(mfloor, floor, "FLOOR.WRITE")
+    );
+    let Some(mreserve) = mreserve else {
+        s.push_str("; MRESERVE: not run.\n");
+        return s;
+    };
+    let above = mreserve - mfloor;
+    let single = match (reserve, floor) {
+        (Some(reserve), Some(floor)) => times(
+            above,
+            Some(reserve - floor),
+            "what RESERVE spends above FLOOR.WRITE",
+        ),
+        _ => "RESERVE or FLOOR.WRITE: not run".into(),
+    };
+    let _ = write!(s, "; MRESERVE above it is {above:.2} µs, {single}.");
+    match reserve {
+        Some(reserve) => {
+            let goal = 3.0 * reserve;
+            let left = goal - mfloor;
+            let _ = writeln!(
+                s,
+                " Under the goal MRESERVE ≤ 3× RESERVE ({goal:.2} µs), the ledger work left for 5 \
+                 keys (3 × RESERVE − the 5-key floor) is {left:.2} µs{}; MRESERVE spends {above:.2} \
+                 µs above the floor now{}.",
+                if left > 0.0 {
+                    ""
+                } else {
+                    ": the 5-key floor alone is at or above the goal"
+                },
+                if left > 0.0 {
+                    format!(" ({:.2}× what the goal leaves)", above / left)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        None => s.push_str(" The goal MRESERVE ≤ 3× RESERVE: RESERVE not run.\n"),
+    }
+    s
 }
 
 /// Writes `text` between the markers of the doc at `path` (creating it if needed).

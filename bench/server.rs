@@ -13,7 +13,7 @@ mod spawn;
 pub use spawn::{module_path, Server};
 
 /// `$QUOTA_FLOOR_MODULE`, else `target/release/examples/libapifloor.so` (bench/floor.rs, built
-/// by `make bench`); `None` if it is not there (the floor row is then left out).
+/// by `make bench`); `None` if it is not there (the floor rows then say "not run").
 pub fn floor_module_path() -> Option<PathBuf> {
     let path = match std::env::var_os("QUOTA_FLOOR_MODULE") {
         Some(p) => PathBuf::from(p),
