@@ -173,8 +173,10 @@ fn open_all<'a>(
             Err(e) => return Err(abort(opened, e)),
         };
         let kind = if key.holds(&BUDGET_TYPE) {
+            key.prefetch_value(std::mem::size_of::<Budget>());
             Ok(Kind::Budget)
         } else if key.holds(&WINDOW_TYPE) {
+            key.prefetch_value(std::mem::size_of::<Window>());
             match key.value::<Window>(&WINDOW_TYPE) {
                 Ok(Some(w)) if w.config().is_some() => Ok(Kind::Window),
                 _ => Err(no_window_config()),
