@@ -1314,6 +1314,23 @@ impl Book {
         pending.max(finished)
     }
 
+    /// The memory a grant is about to touch below the book itself: the roots of the pending
+    /// id and deadline indexes and the pending slab's last chunk. See
+    /// [`crate::core::ledger::Budget::hot_addresses`].
+    pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
+        self.pending_ids.root_addresses(out);
+        self.by_deadline.root_addresses(out);
+        if let Some(chunk) = self.store.pending.chunks.last() {
+            let tail = chunk.len().saturating_sub(1);
+            if let Some(slot) = chunk.get(tail) {
+                out(
+                    std::ptr::from_ref::<PendingSlot>(slot).cast(),
+                    std::mem::size_of::<PendingSlot>(),
+                );
+            }
+        }
+    }
+
     /// Pending reservations, soonest deadline first, as `(deadline_ms, id)`.
     pub fn by_deadline(&self) -> impl Iterator<Item = (i64, &[u8])> + '_ {
         let store = &self.store;

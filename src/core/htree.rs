@@ -336,6 +336,22 @@ impl<M: Measure> HTree<M> {
             .is_none_or(|last| probe(last) == Ordering::Greater)
     }
 
+    /// Where an insertion at the end (a generated id, a later deadline) starts: the root
+    /// node's address and, for an inner root, its last child's entry (and sum), without
+    /// reading anything below the root. For prefetching: see [`crate::core::ledger::Budget::hot_addresses`].
+    pub fn root_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
+        match &self.root {
+            None => {}
+            Some(Node::Leaf(items)) => out(std::ptr::from_ref::<Items>(items).cast(), LEAF_BYTES),
+            Some(Node::Inner(inner)) => {
+                out(
+                    std::ptr::from_ref::<Inner<M>>(inner).cast(),
+                    std::mem::size_of::<Inner<M>>(),
+                );
+            }
+        }
+    }
+
     /// The first handle in order.
     pub fn first(&self) -> Option<u32> {
         let mut node = self.root.as_ref()?;

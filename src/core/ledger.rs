@@ -816,6 +816,15 @@ impl Budget {
         effects
     }
 
+    /// Calls `out(address, bytes)` for memory below the budget's own struct that a grant is
+    /// about to read (index roots, the slab's tail), read from the struct alone. For
+    /// prefetching: a multi-key command asks for every key's before working on the first, so
+    /// that their cache misses overlap instead of coming one after another. Addresses only:
+    /// nothing is read through them here.
+    pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
+        self.book.hot_addresses(out);
+    }
+
     /// Next generated id at `now`: stream-style `<ms>-<seq>`, strictly greater than any
     /// stream-style id this key has seen, so ids stay unique across restarts and failovers.
     pub(crate) fn next_id(&self, now: i64) -> Result<Id, LedgerError> {

@@ -373,6 +373,20 @@ impl Remembered {
             .map(|&stored| position_of(stored, shift))
     }
 
+    /// Calls `out(address, bytes)` for both ends of the queue (where ids arrive and leave).
+    /// Addresses only, for prefetching.
+    pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
+        for slot in [self.slots.front(), self.slots.back()]
+            .into_iter()
+            .flatten()
+        {
+            out(
+                std::ptr::from_ref::<Slot>(slot).cast(),
+                std::mem::size_of::<Slot>(),
+            );
+        }
+    }
+
     /// The entry of `id`, physically (whether its bucket is still in the window is the
     /// window's question).
     pub fn get(&self, id: &[u8]) -> Option<Entry> {

@@ -1108,6 +1108,23 @@ impl Window {
         self.extras.as_ref().and_then(|e| e.config.as_ref())
     }
 
+    /// Calls `out(address, bytes)` for memory below the window's own struct that a counted
+    /// call is about to read: both ends of its buckets and of its remembered ids. Addresses
+    /// only, for prefetching (as [`crate::core::ledger::Budget::hot_addresses`]).
+    pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
+        fn ends<T>(q: &VecDeque<T>, out: &mut impl FnMut(*const u8, usize)) {
+            for e in [q.front(), q.back()].into_iter().flatten() {
+                out(std::ptr::from_ref::<T>(e).cast(), std::mem::size_of::<T>());
+            }
+        }
+        ends(&self.buckets.offsets, out);
+        match &self.buckets.counts {
+            Counts::Narrow(q) => ends(q, out),
+            Counts::Wide(q) => ends(q, out),
+        }
+        self.remembered().hot_addresses(out);
+    }
+
     /// The remembered ids of multi-key reservations.
     pub fn remembered(&self) -> &Remembered {
         self.extras.as_ref().map_or(&NO_IDS, |e| &e.ids)

@@ -98,24 +98,7 @@ impl<'a> ModuleKey<'a> {
     /// keys arrive while the earlier ones are worked on instead of one miss after another.
     /// Nothing happens for an empty key or on other architectures.
     pub fn prefetch_value(&self, bytes: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let base = self.value.cast::<i8>().cast_const();
-            if base.is_null() {
-                return;
-            }
-            for offset in (0..bytes).step_by(64) {
-                // SAFETY: a prefetch never faults and has no visible effect, whatever the
-                // address; `wrapping_add` makes no claim about the allocation.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        base.wrapping_add(offset),
-                    );
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = bytes;
+        prefetch(self.value.cast_const().cast(), bytes);
     }
 
     /// Nothing was written: closing does not signal the key as modified.
@@ -233,4 +216,28 @@ impl Drop for ModuleKey<'_> {
         }
         raw::close_key(self.inner);
     }
+}
+
+/// Asks the CPU to start loading `bytes` from `address` into its cache, without waiting (see
+/// [`ModuleKey::prefetch_value`]). Nothing happens for a null address or on other
+/// architectures.
+pub fn prefetch(address: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if address.is_null() {
+            return;
+        }
+        let base = address.cast::<i8>();
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults and has no visible effect, whatever the address;
+            // `wrapping_add` makes no claim about the allocation.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    base.wrapping_add(offset),
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (address, bytes);
 }

@@ -199,6 +199,22 @@ fn open_all<'a>(
             }
         }
     }
+    // The values have had the other keys' opening to arrive: now what lies below them.
+    let mut fetch = |address: *const u8, bytes: usize| crate::shell::key::prefetch(address, bytes);
+    for o in opened.iter() {
+        match o.kind {
+            Kind::Budget => {
+                if let Ok(Some(b)) = o.key.value::<Budget>(&BUDGET_TYPE) {
+                    b.hot_addresses(&mut fetch);
+                }
+            }
+            Kind::Window => {
+                if let Ok(Some(w)) = o.key.value::<Window>(&WINDOW_TYPE) {
+                    w.hot_addresses(&mut fetch);
+                }
+            }
+        }
+    }
     Ok(())
 }
 
