@@ -1173,7 +1173,9 @@ const BOUND_LEN: usize = 23;
 /// lowered by removals. An id above it is above every id of both id indexes: a generated id
 /// (above the ones before it) is known absent, and appended, without walking down to the
 /// indexes' last entries — cold corners of a large book, most of the cache misses of a
-/// multi-key grant (issue 19).
+/// multi-key grant (issue 19). A key that has indexed an id above the generated ones (one
+/// starting with a letter, such as `req-42`) or longer than [`BOUND_LEN`] loses the shortcut
+/// until it is loaded again: its lookups then walk the indexes, as they all did before.
 #[derive(Clone, Copy)]
 struct IdBound {
     /// 0: no id indexed yet (every id is above); [`IdBound::UNKNOWN`]: an id longer than
