@@ -1308,14 +1308,6 @@ impl Book {
                 && self.finished_ids.find(in_finished).is_some())
     }
 
-    /// The greatest id (byte order) pending or remembered.
-    pub fn last_id(&self) -> Option<&[u8]> {
-        let store = &self.store;
-        let pending = self.pending_ids.last().map(|h| store.pending_id(h));
-        let finished = self.finished_ids.last().map(|h| store.finished_id(h));
-        pending.max(finished)
-    }
-
     /// The memory a grant is about to touch below the book itself: the roots of the pending
     /// id and deadline indexes and the pending slab's last chunk. See
     /// [`crate::core::ledger::Budget::hot_addresses`].

@@ -337,8 +337,8 @@ impl<M: Measure> HTree<M> {
     }
 
     /// Where an insertion at the end (a generated id, a later deadline) starts: the root
-    /// node's address and, for an inner root, its last child's entry (and sum), without
-    /// reading anything below the root. For prefetching: see [`crate::core::ledger::Budget::hot_addresses`].
+    /// node's address and size, without reading the node. For prefetching: see
+    /// [`crate::core::ledger::Budget::hot_addresses`].
     pub fn root_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
         match &self.root {
             None => {}

@@ -176,7 +176,7 @@ fn open_all<'a>(
             key.prefetch_value(std::mem::size_of::<Budget>());
             Ok(Kind::Budget)
         } else if key.holds(&WINDOW_TYPE) {
-            key.prefetch_value(std::mem::size_of::<Window>());
+            // Read at once (its configuration): no prefetch.
             match key.value::<Window>(&WINDOW_TYPE) {
                 Ok(Some(w)) if w.config().is_some() => Ok(Kind::Window),
                 _ => Err(no_window_config()),
