@@ -925,6 +925,7 @@ fn add_pending(
     id: [u8; INLINE],
     meta: u8,
     r: Reservation,
+    id_above: bool,
 ) -> Option<u32> {
     let slot = PendingSlot {
         id,
@@ -935,7 +936,7 @@ fn add_pending(
         heartbeat: r.heartbeat_ms.to_le_bytes(),
     };
     let h = store.pending.push(slot)?;
-    index_deadline(store, by_deadline, deadline_bound, h);
+    index_deadline(store, by_deadline, deadline_bound, h, id_above);
     Some(h)
 }
 
@@ -994,7 +995,7 @@ fn update_pending(
         slot.heartbeat = r.heartbeat_ms.to_le_bytes();
     }
     if moved {
-        index_deadline(store, by_deadline, deadline_bound, h);
+        index_deadline(store, by_deadline, deadline_bound, h, false);
     }
 }
 
@@ -1233,10 +1234,20 @@ struct Bounds {
 }
 
 /// Indexes pending handle `h` (its slot filled) by deadline: appended without a comparison
-/// when its deadline is later than every one indexed before (`bound`, raised here).
-fn index_deadline(store: &Store, by_deadline: &mut DeadlineIndex, bound: &mut Option<i64>, h: u32) {
+/// when its key (deadline, id) is known to be above every one indexed before: its deadline is
+/// later than `bound` (raised here), or equal to it and its id above every id the book has
+/// indexed (`id_above`, from [`IdBound::is_below`] before the id was indexed). The second case
+/// is a busy key's: several grants within one millisecond share a deadline, and were searched
+/// for through the slots, one cold line per comparison.
+fn index_deadline(
+    store: &Store,
+    by_deadline: &mut DeadlineIndex,
+    bound: &mut Option<i64>,
+    h: u32,
+    id_above: bool,
+) {
     let key = store.pending_key(h);
-    let above = bound.is_none_or(|b| key.0 > b);
+    let above = bound.is_none_or(|b| key.0 > b || (key.0 == b && id_above));
     by_deadline.insert_measured_above(
         h,
         |x| key.cmp(&store.pending_key(x)),
@@ -1357,7 +1368,7 @@ impl Book {
         let mut tree = DeadlineIndex::default();
         let mut bound = None;
         for h in handles {
-            index_deadline(&self.store, &mut tree, &mut bound, h);
+            index_deadline(&self.store, &mut tree, &mut bound, h, false);
         }
         self.by_deadline = tree;
         self.bounds.deadline = bound;
@@ -1527,9 +1538,15 @@ impl Book {
                 let Some(&s) = store.finished_slot(old) else {
                     return Err(missing);
                 };
-                let Some(h) =
-                    add_pending(store, by_deadline, &mut bounds.deadline, s.id, s.meta, r)
-                else {
+                let Some(h) = add_pending(
+                    store,
+                    by_deadline,
+                    &mut bounds.deadline,
+                    s.id,
+                    s.meta,
+                    r,
+                    false,
+                ) else {
                     let st = &*store;
                     finished_ids.insert(old, |x| id.cmp(st.finished_id(x)));
                     return Err(missing);
@@ -1598,6 +1615,7 @@ impl Book {
                     bytes,
                     meta,
                     r,
+                    above,
                 );
                 let store = &self.store;
                 self.pending_ids
@@ -2187,5 +2205,34 @@ mod tests {
         assert_eq!(book.remove(&long), Some(pending(5, 1, 2)));
         model.entries.remove(&long);
         same(&book, &model);
+    }
+
+    /// A busy key's grants: many within one millisecond share a deadline. A rising id is
+    /// appended to the deadline index by the bounds (the debug build asserts each such claim),
+    /// a lower one at the same deadline is searched for; both leave the index in order.
+    #[test]
+    fn equal_deadlines_append_rising_ids_and_search_the_others() {
+        let mut book = Book::default();
+        let mut model = Model::default();
+        for i in 0..2000i64 {
+            // Generated-style ids rising, 50 grants per deadline.
+            let id = format!("1700000000{:03}-{}", i / 50, i % 50).into_bytes();
+            let e = pending(1, i / 50, 60_000 + i / 50);
+            assert_fresh(book.insert(&id, e));
+            model.entries.insert(id, e);
+            if i % 97 == 0 {
+                // An id below the others, at the newest deadline: not above, searched.
+                let low = format!("0-{i}").into_bytes();
+                let e = pending(2, i / 50, 60_000 + i / 50);
+                assert_fresh(book.insert(&low, e));
+                model.entries.insert(low, e);
+            }
+        }
+        same(&book, &model);
+        assert_eq!(book.expired(60_010).count, 11 * 50 + 6);
+    }
+
+    fn assert_fresh(inserted: bool) {
+        assert!(inserted, "a fresh id was refused");
     }
 }
