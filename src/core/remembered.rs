@@ -376,15 +376,7 @@ impl Remembered {
     /// Calls `out(address, bytes)` for both ends of the queue (where ids arrive and leave).
     /// Addresses only, for prefetching.
     pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
-        for slot in [self.slots.front(), self.slots.back()]
-            .into_iter()
-            .flatten()
-        {
-            out(
-                std::ptr::from_ref::<Slot>(slot).cast(),
-                std::mem::size_of::<Slot>(),
-            );
-        }
+        queue_ends(&self.slots, out);
     }
 
     /// The entry of `id`, physically (whether its bucket is still in the window is the
@@ -616,6 +608,15 @@ impl Eq for Remembered {}
 impl std::fmt::Debug for Remembered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.slots.iter()).finish()
+    }
+}
+
+/// Calls `out(address, bytes)` for the first and the last element of `q` (where a queue's
+/// elements arrive and leave). Addresses only, for prefetching; shared with
+/// [`crate::core::window::Window::hot_addresses`].
+pub(crate) fn queue_ends<T>(q: &VecDeque<T>, out: &mut impl FnMut(*const u8, usize)) {
+    for e in [q.front(), q.back()].into_iter().flatten() {
+        out(std::ptr::from_ref::<T>(e).cast(), std::mem::size_of::<T>());
     }
 }
 

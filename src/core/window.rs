@@ -69,7 +69,7 @@ use std::fmt;
 use crate::core::book::Id;
 use crate::core::error::LedgerError;
 use crate::core::ledger::IndexTag;
-use crate::core::remembered::{Entry, IdStatus, Remembered};
+use crate::core::remembered::{queue_ends, Entry, IdStatus, Remembered};
 
 /// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
 pub const MAX_BUCKETS: i64 = 4096;
@@ -1112,15 +1112,10 @@ impl Window {
     /// call is about to read: both ends of its buckets and of its remembered ids. Addresses
     /// only, for prefetching (as [`crate::core::ledger::Budget::hot_addresses`]).
     pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
-        fn ends<T>(q: &VecDeque<T>, out: &mut impl FnMut(*const u8, usize)) {
-            for e in [q.front(), q.back()].into_iter().flatten() {
-                out(std::ptr::from_ref::<T>(e).cast(), std::mem::size_of::<T>());
-            }
-        }
-        ends(&self.buckets.offsets, out);
+        queue_ends(&self.buckets.offsets, out);
         match &self.buckets.counts {
-            Counts::Narrow(q) => ends(q, out),
-            Counts::Wide(q) => ends(q, out),
+            Counts::Narrow(q) => queue_ends(q, out),
+            Counts::Wide(q) => queue_ends(q, out),
         }
         self.remembered().hot_addresses(out);
     }
