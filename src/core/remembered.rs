@@ -395,6 +395,7 @@ impl Remembered {
     pub fn put(&mut self, id: &[u8], entry: Entry) -> Result<(), Unrepresentable> {
         let h = hash(id);
         let slot = Slot::new(id, h, entry)?;
+
         let in_order = self
             .slots
             .back()
@@ -473,6 +474,12 @@ impl Remembered {
     /// The smallest bucket index of any id.
     pub fn oldest_index(&self) -> Option<i64> {
         self.slots.front().map(Slot::index)
+    }
+
+    /// How many ids have a bucket index below `index`: what [`Remembered::forget_before`]
+    /// would remove. O(log n): the queue is ordered by index.
+    pub fn count_before(&self, index: i64) -> usize {
+        self.slots.partition_point(|s| s.index() < index)
     }
 
     /// Removes every id whose bucket index is below `index` (the oldest); returns how many.
@@ -645,6 +652,7 @@ mod tests {
         // An update in place.
         r.put(b"a", entry(5, 0)).unwrap();
         assert_eq!(r.counted_in(5), 1);
+        assert_eq!((r.count_before(5), r.count_before(6), r.count_before(8)), (0, 2, 3));
         assert_eq!(r.forget_before(6), 2);
         assert!(r.get(b"b").is_none());
         assert!(r.get(b"a").is_none());
@@ -828,12 +836,21 @@ mod tests {
         ]
     }
 
-    /// Id number `i`: its first byte is `i` (ids of different numbers differ); the model
-    /// keeps the length of its first use, so one number is one id.
+    /// Id number `i`: below 8, its first byte is `i`; from 8, stream-style `<len>-<i>`
+    /// (canonical, so known absent above the largest put), from 16 the same with a leading
+    /// zero (not canonical). Ids of different numbers differ; the model keeps the length of
+    /// its first use, so one number is one id.
     fn id_of(i: u8, len: usize) -> Vec<u8> {
-        let mut id = vec![b'a' + i; len.clamp(1, 40)];
-        id[0] = i;
-        id
+        let len = len.clamp(1, 40);
+        match i {
+            0..8 => {
+                let mut id = vec![b'a' + i; len];
+                id[0] = i;
+                id
+            }
+            8..16 => format!("{len}-{i}").into_bytes(),
+            _ => format!("0{len}-{i}").into_bytes(),
+        }
     }
 
     use proptest::prelude::*;
@@ -864,6 +881,7 @@ mod tests {
                     Op::Forget(index) => {
                         let n = model.iter().take_while(|(_, e)| e.index < index).count();
                         model.drain(..n);
+                        prop_assert_eq!(r.count_before(index), n);
                         prop_assert_eq!(r.forget_before(index), n);
                         continue;
                     }
@@ -904,8 +922,9 @@ mod tests {
                 prop_assert_eq!(r.counted_in(e.index), sum);
             }
             for i in 0u8..24 {
-                if !model.iter().any(|(x, _)| x.first() == Some(&i)) {
-                    prop_assert!(r.get(&id_of(i, *lens.get(&i).unwrap_or(&1))).is_none());
+                let id = id_of(i, *lens.get(&i).unwrap_or(&1));
+                if !model.iter().any(|(x, _)| *x == id) {
+                    prop_assert!(r.get(&id).is_none());
                 }
             }
         }
