@@ -1015,9 +1015,8 @@ mod tests {
         ]
     }
 
-    /// Id number `i`: below 8, its first byte is `i`; from 8, stream-style `<len>-<i>`
-    /// (canonical, so known absent above the largest put), from 16 the same with a leading
-    /// zero (not canonical). Ids of different numbers differ; the model keeps the length of
+    /// Id number `i`: below 8, its first byte is `i`; from 8, stream-style `<len>-<i>`, from
+    /// 16 the same with a leading zero (not stream-style: never in the ordered form). Ids of different numbers differ; the model keeps the length of
     /// its first use, so one number is one id.
     fn id_of(i: u8, len: usize) -> Vec<u8> {
         let len = len.clamp(1, 40);
