@@ -462,6 +462,19 @@ impl<T: Slot, const CHUNK: usize> Slab<T, CHUNK> {
         Some(h)
     }
 
+    /// Where [`Slab::push`] will store the next entry (the last hole made, else the next
+    /// position of the last chunk, if it has room), for prefetching: an address only.
+    fn next_address(&self) -> Option<*const u8> {
+        if self.free != NIL {
+            return self
+                .get(self.free)
+                .map(|t| std::ptr::from_ref::<T>(t).cast());
+        }
+        let (c, i) = Self::at(self.len);
+        let chunk = self.chunks.get(c)?;
+        (i < chunk.capacity()).then(|| chunk.as_ptr().wrapping_add(i).cast())
+    }
+
     /// Removes the entry at `h`, leaving a hole (all storage is given back with the last
     /// entry). Returns the removed entry. The caller must have taken `h` out of every index,
     /// and then runs [`Slab::compaction_step`]s.
@@ -1325,14 +1338,9 @@ impl Book {
     pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
         self.pending_ids.root_addresses(out);
         self.by_deadline.root_addresses(out);
-        if let Some(chunk) = self.store.pending.chunks.last() {
-            let tail = chunk.len().saturating_sub(1);
-            if let Some(slot) = chunk.get(tail) {
-                out(
-                    std::ptr::from_ref::<PendingSlot>(slot).cast(),
-                    std::mem::size_of::<PendingSlot>(),
-                );
-            }
+        // Where a grant's slot goes (written, then read back by the deadline index).
+        if let Some(next) = self.store.pending.next_address() {
+            out(next, std::mem::size_of::<PendingSlot>());
         }
     }
 

@@ -93,14 +93,6 @@ impl<'a> ModuleKey<'a> {
         Ok(())
     }
 
-    /// Asks the CPU to start loading the first `bytes` of the key's value into its cache,
-    /// without waiting: a multi-key command opens every key first, so the values of the later
-    /// keys arrive while the earlier ones are worked on instead of one miss after another.
-    /// Nothing happens for an empty key or on other architectures.
-    pub fn prefetch_value(&self, bytes: usize) {
-        prefetch(self.value.cast_const().cast(), bytes);
-    }
-
     /// Nothing was written: closing does not signal the key as modified.
     pub fn unchanged(&mut self) {
         self.signal = false;
@@ -218,8 +210,10 @@ impl Drop for ModuleKey<'_> {
     }
 }
 
-/// Asks the CPU to start loading `bytes` from `address` into its cache, without waiting (see
-/// [`ModuleKey::prefetch_value`]). Nothing happens for a null address or on other
+/// Asks the CPU to start loading `bytes` from `address` into its cache, without waiting: a
+/// multi-key command asks it for what lies below each opened key's value (index roots, the
+/// next slot, a queue's ends), so that those lines arrive while the other keys are worked on,
+/// instead of one miss after another. Nothing happens for a null address or on other
 /// architectures.
 pub fn prefetch(address: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]

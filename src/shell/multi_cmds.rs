@@ -173,7 +173,6 @@ fn open_all<'a>(
             Err(e) => return Err(abort(opened, e)),
         };
         let kind = if key.holds(&BUDGET_TYPE) {
-            key.prefetch_value(std::mem::size_of::<Budget>());
             Ok(Kind::Budget)
         } else if key.holds(&WINDOW_TYPE) {
             // Read at once (its configuration): no prefetch.
@@ -199,7 +198,7 @@ fn open_all<'a>(
             }
         }
     }
-    // The values have had the other keys' opening to arrive: now what lies below them.
+    // Once every key is open: what lies below each value, fetched together.
     let mut fetch = |address: *const u8, bytes: usize| crate::shell::key::prefetch(address, bytes);
     for o in opened.iter() {
         match o.kind {
