@@ -1521,8 +1521,10 @@ impl Budget {
                     |e| {
                         let mut r = pending_of(e)?;
                         r.deadline_ms = *deadline_ms;
-                        // The step's time is the heartbeat (`ONEXPIRE ELAPSED` charges to it).
-                        r.heartbeat_ms = at;
+                        // The step's time is the heartbeat (`ONEXPIRE ELAPSED` charges to it),
+                        // never before the grant: a loaded value may hold a grant later than
+                        // its key's clock (a damaged RDB or RESTORE payload that decoded).
+                        r.heartbeat_ms = at.max(r.created_ms);
                         Ok(Entry::Pending(r))
                     },
                     NOT_PENDING,
@@ -1765,6 +1767,32 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.to_string(), "ERR no id left to generate: pass ID");
+    }
+
+    /// A heartbeat is never before its grant, even when a value's grant is later than its
+    /// clock (a damaged payload that decoded): the invariants hold after the EXTEND, so the
+    /// value saves and loads again (found by `tests/fuzz_decoders.rs`).
+    #[test]
+    fn a_heartbeat_is_never_before_the_grant() {
+        let mut b = Budget::new(Settings::plain(100, 0, None, 1000), 1_000);
+        let grant = b
+            .plan_reserve(5_000, &Policy::default(), 1, Some(b"r"), None)
+            .unwrap();
+        run(&mut b, 5_000, &grant.effects);
+        b.clock_ms = 1_000;
+        let extend = Effect::Extend {
+            id: Id::from_slice(b"r"),
+            deadline_ms: 9_000,
+        };
+        b.apply(2_000, &extend).unwrap();
+        assert_eq!(b.check_invariants(), Ok(()));
+        let Some(Entry::Pending(r)) = b.book.get(b"r") else {
+            panic!("not pending");
+        };
+        assert_eq!(
+            (r.created_ms, r.heartbeat_ms, r.deadline_ms),
+            (5_000, 5_000, 9_000)
+        );
     }
 
     /// Applies a plan's effects at `now`.
