@@ -1522,3 +1522,50 @@ fn cluster_refuses_cross_slot_and_runs_one_tenant() {
         assert_eq!(err(&mut c, &args).0, "CROSSSLOT", "{args:?}");
     }
 }
+
+/// A new `ID` longer than `quota.max-id-length` is refused whatever keys are listed, window
+/// keys alone included, and changes nothing; with a window key's ids at `quota.max-pending`,
+/// ids whose bucket left the window no longer count.
+#[test]
+fn window_keys_alone_keep_the_id_rules() {
+    let s = server();
+    let mut c = s.conn();
+    oka(
+        &mut c,
+        0,
+        &[
+            "QUOTA.SET",
+            "w",
+            "WINDOW",
+            "100",
+            "1000",
+            "PRECISION",
+            "100",
+        ],
+    );
+    oka(&mut c, 0, &["QUOTA.SET", "b", "LIMIT", "100"]);
+    let long = "x".repeat(129);
+    let before = digests(&mut c);
+    for args in [
+        &["QUOTA.MRESERVE", "1", "w", "1", "ID", &long][..],
+        &["QUOTA.MRESERVE", "2", "w", "b", "1", "1", "ID", &long][..],
+    ] {
+        let (code, msg) = erra(&mut c, 1, args);
+        assert_eq!(code, "ERR", "{msg}");
+        assert!(msg.contains("longer than 128 bytes"), "{msg}");
+    }
+    assert_eq!(before, digests(&mut c));
+    let fits = "x".repeat(128);
+    let r = oka(&mut c, 1, &["QUOTA.MRESERVE", "1", "w", "1", "ID", &fits]);
+    assert_eq!(int(&items(&r)[0]), 1);
+
+    q(&mut c, &["CONFIG", "SET", "quota.max-pending", "2"]).unwrap();
+    let r = oka(&mut c, 2, &["QUOTA.MRESERVE", "1", "w", "1"]);
+    assert_eq!(int(&items(&r)[0]), 1);
+    let (code, _) = erra(&mut c, 3, &["QUOTA.MRESERVE", "1", "w", "1"]);
+    assert_eq!(code, "LIMIT");
+    // A second later both ids' bucket has left the window: the cap counts none of them.
+    let r = oka(&mut c, 1_200, &["QUOTA.MRESERVE", "1", "w", "1"]);
+    assert_eq!(int(&items(&r)[0]), 1);
+    q(&mut c, &["CONFIG", "SET", "quota.max-pending", "1000000"]).unwrap();
+}

@@ -1248,8 +1248,14 @@ impl Window {
         if !d.allowed {
             return Ok(IdPlan::Denied(d));
         }
-        let held = i64::try_from(self.remembered().len()).unwrap_or(i64::MAX);
-        if held >= max_ids {
+        let mut held = self.remembered().len();
+        if i64::try_from(held).unwrap_or(i64::MAX) >= max_ids {
+            // Ids whose bucket left the window are gone (the record forgets them first): only
+            // the live ones count. Worked out only at the cap.
+            let first = self.first_live_index(self.effective_now(now_ms));
+            held = held.saturating_sub(self.remembered().count_before(first));
+        }
+        if i64::try_from(held).unwrap_or(i64::MAX) >= max_ids {
             return Err(LedgerError::TooManyPending { max: max_ids });
         }
         // The record must not refuse it (what it keeps, plus the cost, within i64). The check
@@ -2831,6 +2837,31 @@ mod tests {
             },
         )
         .unwrap();
+    }
+
+    /// The cap on remembered ids counts only the ids still inside the window: ids whose
+    /// bucket has left it are gone even before a record forgets them physically.
+    #[test]
+    fn the_id_cap_counts_only_live_ids() {
+        let mut w = configured(1000, 1000, 100, 10_000);
+        for (i, id) in [b"a", b"b", b"c"].iter().enumerate() {
+            count_id(&mut w, 10_001 + i as i64, *id, 1);
+        }
+        assert_eq!(w.remembered().len(), 3);
+        assert!(matches!(
+            w.plan_id_reserve(10_500, b"d", 1, 3),
+            Err(LedgerError::TooManyPending { max: 3 })
+        ));
+        // At 11 100 their bucket (10 000..=10 099) has left the 1-s window: none is live.
+        assert!(matches!(
+            w.plan_id_reserve(11_100, b"d", 1, 3),
+            Ok(IdPlan::Grant(_))
+        ));
+        assert!(matches!(
+            w.plan_id_reserve(11_100, b"d", 1, 1),
+            Ok(IdPlan::Grant(_))
+        ));
+        assert_eq!(w.remembered().len(), 3);
     }
 
     /// Ids follow their buckets through a precision change (the rule of `rebucketed`), so a

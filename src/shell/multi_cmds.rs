@@ -217,6 +217,19 @@ fn open_all<'a>(
     Ok(())
 }
 
+/// As [`check_new_id`] for a window key: a new id must fit `quota.max-id-length` (`max`,
+/// bytes); one the key remembers (a retry) only the hard cap. Without it, a request listing
+/// only window keys kept ids of any length up to the hard cap.
+fn check_new_window_id(w: &Window, id: Option<&[u8]>, max: i64) -> Result<(), RedisError> {
+    let Some(id) = id else {
+        return Ok(());
+    };
+    match crate::shell::args::check_id(id, max) {
+        Err(e) if w.remembered().get(id).is_none() => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// `e` with the listed key it is about appended (`... (key 'quota:{t}:rpm')`): with up to 16
 /// keys a bare `WRONGTYPE`, `NOQUOTA`, `CONFLICT` or `NORESERVATION` would not say which one.
 /// The code stays first.
@@ -433,8 +446,9 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let mut planned = Planned::default();
     let decision = plan_on(&mut opened, |limits| {
         for l in limits {
-            if let Limit::Budget(b) = l {
-                check_new_id(b, id, max_id)?;
+            match l {
+                Limit::Budget(b) => check_new_id(b, id, max_id)?,
+                Limit::Window(w) => check_new_window_id(w, id, max_id)?,
             }
         }
         let decision =
