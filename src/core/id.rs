@@ -62,6 +62,39 @@ impl StreamId {
     }
 }
 
+/// `id`'s two digit runs if it is a stream-style id in canonical form (`<ms>-<seq>`, decimal
+/// digits without leading zeros, any length): ids whose numeric order is the order of the
+/// (length, bytes) of each run, and whose bytes are equal iff their values are.
+pub(crate) fn stream_parts(id: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (ms, seq) = dash_parts(id)?;
+    // Without early exits (the bytes are few): a loop the compiler can unroll and vectorize.
+    let digits = |d: &[u8]| {
+        matches!(d, [_] | [b'1'..=b'9', _, ..])
+            && d.iter().fold(true, |all, b| all & b.is_ascii_digit())
+    };
+    (digits(ms) && digits(seq)).then_some((ms, seq))
+}
+
+/// `id` split at its first dash, unchecked. Ordered by [`stream_cmp`], such pairs are equal
+/// iff their ids are; among stream-style ids that order is the numeric one. So a lookup among
+/// stream-style ids needs no check of its id: one that is not stream-style is found nowhere
+/// (a window key's ordered form, `crate::core::remembered`).
+pub(crate) fn dash_parts(id: &[u8]) -> Option<(&[u8], &[u8])> {
+    let dash = id.iter().position(|&b| b == b'-')?;
+    let (ms, rest) = id.split_at(dash);
+    Some((ms, rest.get(1..)?))
+}
+
+/// The numeric order of two stream-style ids' [`stream_parts`] (any [`dash_parts`]: a total
+/// order, equal iff the ids are).
+pub(crate) fn stream_cmp(a: (&[u8], &[u8]), b: (&[u8], &[u8])) -> std::cmp::Ordering {
+    a.0.len()
+        .cmp(&b.0.len())
+        .then_with(|| a.0.cmp(b.0))
+        .then_with(|| a.1.len().cmp(&b.1.len()))
+        .then_with(|| a.1.cmp(b.1))
+}
+
 fn canonical_u64(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 20 || (digits.len() > 1 && digits.first() == Some(&b'0'))
     {

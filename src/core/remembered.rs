@@ -41,6 +41,8 @@ use std::num::NonZeroU8;
 use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::HashTable;
 
+use crate::core::id::{dash_parts, stream_cmp, stream_parts};
+
 /// Where a remembered id stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdStatus {
@@ -279,38 +281,6 @@ impl Default for Remembered {
     fn default() -> Self {
         Remembered::EMPTY
     }
-}
-
-/// `id`'s two digit runs if it is a stream-style id in canonical form (`<ms>-<seq>`, decimal
-/// digits without leading zeros, any length): ids whose numeric order is the order of the
-/// (length, bytes) of each run, and whose bytes are equal iff their values are.
-fn stream_parts(id: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (ms, seq) = dash_parts(id)?;
-    // Without early exits (the bytes are few): a loop the compiler can unroll and vectorize.
-    let digits = |d: &[u8]| {
-        matches!(d, [_] | [b'1'..=b'9', _, ..])
-            && d.iter().fold(true, |all, b| all & b.is_ascii_digit())
-    };
-    (digits(ms) && digits(seq)).then_some((ms, seq))
-}
-
-/// `id` split at its first dash, unchecked. Ordered by [`stream_cmp`], such pairs are equal
-/// iff their ids are; among stream-style ids that order is the numeric one. So a lookup in
-/// the ordered form needs no check of its id: one that is not stream-style is found nowhere.
-fn dash_parts(id: &[u8]) -> Option<(&[u8], &[u8])> {
-    let dash = id.iter().position(|&b| b == b'-')?;
-    let (ms, rest) = id.split_at(dash);
-    Some((ms, rest.get(1..)?))
-}
-
-/// The numeric order of two stream-style ids' [`stream_parts`] (any [`dash_parts`]: a total
-/// order, equal iff the ids are).
-fn stream_cmp(a: (&[u8], &[u8]), b: (&[u8], &[u8])) -> Ordering {
-    a.0.len()
-        .cmp(&b.0.len())
-        .then_with(|| a.0.cmp(b.0))
-        .then_with(|| a.1.len().cmp(&b.1.len()))
-        .then_with(|| a.1.cmp(b.1))
 }
 
 /// Are `slots` in the ordered form: every id stream-style, strictly increasing?
