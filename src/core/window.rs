@@ -1017,6 +1017,19 @@ impl Window {
         id: Option<&[u8]>,
     ) -> Result<(i64, bool), WindowError> {
         params.validate()?;
+        if let Some(now) = self.record_in_newest(params, now_ms, id) {
+            return Ok((now, true));
+        }
+        self.record_planned(params, now_ms, id)
+    }
+
+    /// [`Window::record_state`] of validated `params` by its plan: every case.
+    fn record_planned(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+        id: Option<&[u8]>,
+    ) -> Result<(i64, bool), WindowError> {
         // Taken before the record changes the precision.
         let same_precision = params.precision_ms == self.precision_ms;
         let (old_precision, old_last) = (self.precision_ms, i128::from(self.last_ms));
@@ -1091,6 +1104,59 @@ impl Window {
                 .map_err(|_| WindowError::Overflow)?;
         }
         Ok((now, same_precision))
+    }
+
+    /// [`Window::record_state`]'s usual case, without its plan: `params` (validated) at the
+    /// held window and precision, a positive cost counted in the newest bucket, and no bucket
+    /// leaving the horizon. Reaches the very state the general path would (a unit test
+    /// compares them); `None` (nothing changed) in any other case, which the general path
+    /// then handles, its errors included.
+    fn record_in_newest(
+        &mut self,
+        params: &WindowParams,
+        now_ms: i64,
+        id: Option<&[u8]>,
+    ) -> Option<i64> {
+        if params.precision_ms != self.precision_ms
+            || params.window_ms != self.window_ms
+            || params.cost <= 0
+        {
+            return None;
+        }
+        let horizon_ms = self.next_horizon(params);
+        if horizon_ms != self.horizon_ms {
+            return None;
+        }
+        let now = self.effective_now(now_ms);
+        let counted_at = now.checked_div_euclid(params.precision_ms)?;
+        let newest = self.buckets.newest()?;
+        let oldest = self.buckets.index_at(0)?;
+        if newest.index != counted_at
+            || i128::from(oldest) < first_inside(now, horizon_ms, params.precision_ms)
+            || (id.is_some() && !Remembered::holds_index(counted_at))
+        {
+            return None;
+        }
+        let count = newest.count.checked_add(params.cost)?;
+        i64::try_from(self.buckets.total.checked_add(i128::from(params.cost))?).ok()?;
+        // What `Remembered::put` refuses (an index outside its range, checked above, or a
+        // `u32::MAX`-th id) is left to the general path: nothing below can fail.
+        if id.is_some() && u32::try_from(self.remembered().len()).is_err() {
+            return None;
+        }
+        self.buckets.advance(0, Add::ToNewest(count), None).ok()?;
+        self.buckets.trim();
+        self.last_ms = now;
+        self.forget_stale(now);
+        if let Some(id) = id {
+            let entry = Entry {
+                index: counted_at,
+                counted: params.cost,
+                status: IdStatus::Pending,
+            };
+            self.ids_mut().put(id, entry).ok()?;
+        }
+        Some(now)
     }
 
     /// Window of the last recorded call, ms.
@@ -2602,6 +2668,38 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A count in the newest bucket (`record_in_newest`) reaches the very state, and
+        /// result, of the planned record, whatever came before: new buckets, buckets leaving
+        /// the window, another window or precision, ids or none, zero costs, time going back.
+        #[test]
+        fn the_newest_bucket_path_equals_the_plan(
+            (window_ms, precision_ms) in window_and_precision(),
+            start in 0..1000i64,
+            steps in prop::collection::vec(
+                (-3..12i64, 0..5i64, any::<bool>(), 0..10u8), 1..120),
+        ) {
+            let mut fast = Window::new(&params(0, window_ms, precision_ms, 0), start);
+            fast.extras_mut().config = Some(WindowConfig::parse(100, window_ms, Some(precision_ms)).unwrap());
+            let mut planned = fast.clone();
+            let mut now = start;
+            for (n, (dt, cost, with_id, shape)) in steps.into_iter().enumerate() {
+                now += dt;
+                // Mostly the held window and precision; sometimes another.
+                let (w, p) = match shape {
+                    0 => (window_ms.saturating_mul(2), precision_ms),
+                    1 => (window_ms, 1),
+                    _ => (window_ms, precision_ms),
+                };
+                let p = params(0, w, p, cost);
+                let id = format!("{now}-{n}");
+                let id = with_id.then_some(id.as_bytes());
+                let a = fast.record_state(&p, now, id);
+                let b = p.validate().and_then(|()| planned.record_planned(&p, now, id));
+                prop_assert_eq!(a, b);
+                prop_assert_eq!(&fast, &planned);
+            }
+        }
 
         /// The held-bucket decision (a binary search for the window's edge, then a sum on
         /// its shorter side with the cached total) equals a pass over every bucket, with the
