@@ -303,6 +303,18 @@ fn in_id_order(slots: &VecDeque<Slot>) -> bool {
 /// what the allocator's size class of those bytes holds anyway (jemalloc, Redis's allocator:
 /// four classes per doubling above 128 bytes, as `crate::shell::memory::alloc_size`), so that
 /// no rounding is wasted.
+/// [`stream_cmp`] of `id` (split as `key`, its [`dash_parts`]) and `slot`'s id. Where the
+/// two have the same length and the slot's one dash is where `id`'s first dash is, their runs
+/// have the same lengths: then the byte order of the whole ids is that order, in one
+/// comparison (the usual case: a new generated id against the newest one).
+fn newest_cmp(id: &[u8], key: (&[u8], &[u8]), slot: &Slot) -> Ordering {
+    let stored = slot.id.as_bytes();
+    if stored.len() == id.len() && stored.get(key.0.len()) == Some(&b'-') {
+        return id.cmp(stored);
+    }
+    stream_cmp(key, slot.stream_parts())
+}
+
 fn grown_capacity(len: usize) -> usize {
     const SLOT: usize = std::mem::size_of::<Slot>();
     let want = len.saturating_add((len / 8).max(4));
@@ -425,26 +437,22 @@ impl Remembered {
         if !self.ordered {
             return self.table_position(id, hash(id));
         }
-        match self.ordered_position(dash_parts(id)?) {
+        match self.ordered_position(id, dash_parts(id)?) {
             (Ordering::Equal, p) => Some(p),
             _ => None,
         }
     }
 
-    /// Where an id whose [`stream_parts`] are `key` is in the ordered form: `(Equal, its
+    /// Where `id`, whose [`dash_parts`] are `key`, is in the ordered form: `(Equal, its
     /// position)`, `(Greater, len)` if it is above every id (or there are none), else
     /// `(Less, where it would be)`. The newest first: a generated id is above it, and a
     /// prompt settle finds its id there.
-    fn ordered_position(&self, key: (&[u8], &[u8])) -> (Ordering, usize) {
+    fn ordered_position(&self, id: &[u8], key: (&[u8], &[u8])) -> (Ordering, usize) {
         let len = self.slots.len();
         let Some(last) = len.checked_sub(1) else {
             return (Ordering::Greater, 0);
         };
-        match self
-            .slots
-            .get(last)
-            .map(|s| stream_cmp(key, s.stream_parts()))
-        {
+        match self.slots.get(last).map(|s| newest_cmp(id, key, s)) {
             Some(Ordering::Equal) => (Ordering::Equal, last),
             Some(Ordering::Less) => self.search_below(key, last),
             _ => (Ordering::Greater, len),
@@ -525,7 +533,7 @@ impl Remembered {
         if self.ordered {
             // No hash: the table is not kept (`index_all` adds the hashes if it ever is).
             let slot = Slot::new(id, TableHash(0), entry)?;
-            match stream_parts(id).map(|key| self.ordered_position(key)) {
+            match stream_parts(id).map(|key| self.ordered_position(id, key)) {
                 Some((Ordering::Greater, len)) if in_order => {
                     u32::try_from(len).map_err(|_| Unrepresentable)?;
                     if len == self.slots.capacity() {
