@@ -614,6 +614,9 @@ impl Buckets {
         let mut lo = 0usize;
         if first_offset > 0 {
             match u32::try_from(first_offset) {
+                // The oldest bucket is inside already (steady traffic: a record has just dropped
+                // what left): no search.
+                Ok(first_offset) if self.offsets.front().is_some_and(|&o| o >= first_offset) => {}
                 Ok(first_offset) => {
                     let mut hi = self.len();
                     while lo < hi {
@@ -1131,8 +1134,9 @@ impl Window {
         let counted_at = now.checked_div_euclid(params.precision_ms)?;
         let newest = self.buckets.newest()?;
         let oldest = self.buckets.index_at(0)?;
+        let first_kept = first_inside(now, horizon_ms, params.precision_ms);
         if newest.index != counted_at
-            || i128::from(oldest) < first_inside(now, horizon_ms, params.precision_ms)
+            || i128::from(oldest) < first_kept
             || (id.is_some() && !Remembered::holds_index(counted_at))
         {
             return None;
@@ -1147,7 +1151,20 @@ impl Window {
         self.buckets.advance(0, Add::ToNewest(count), None).ok()?;
         self.buckets.trim();
         self.last_ms = now;
-        self.forget_stale(now);
+        // `forget_stale(now)`, with the edge of the ids worked out above when the horizon is
+        // the window (a configured key's): the same value, one division fewer.
+        let first_live = if horizon_ms == self.window_ms {
+            i64::try_from(first_kept).unwrap_or(i64::MIN)
+        } else {
+            self.first_live_index(now)
+        };
+        if self
+            .remembered()
+            .oldest_index()
+            .is_some_and(|o| o < first_live)
+        {
+            self.ids_mut().forget_before(first_live);
+        }
         if let Some(id) = id {
             let entry = Entry {
                 index: counted_at,
@@ -1936,9 +1953,13 @@ fn check_precision(window_ms: i64, precision_ms: i64) -> Result<(), WindowError>
     if precision_ms > window_ms {
         return Err(WindowError::PrecisionAboveWindow);
     }
-    match ceil_div(window_ms, precision_ms) {
-        Some(span) if span <= MAX_BUCKETS => Ok(()),
-        _ => Err(WindowError::TooManyBuckets),
+    // `ceil(window / precision) <= MAX_BUCKETS` without a division (every call checks it):
+    // for positive values it is `window <= precision * MAX_BUCKETS`, and a product past i64
+    // is above any window.
+    if window_ms <= precision_ms.saturating_mul(MAX_BUCKETS) {
+        Ok(())
+    } else {
+        Err(WindowError::TooManyBuckets)
     }
 }
 
@@ -2664,6 +2685,25 @@ mod tests {
             1 => 1000..100_000i64,
             1 => -60..0i64,
         ]
+    }
+
+    #[test]
+    fn the_bucket_bound_is_the_ceiling_rule() {
+        let m = MAX_BUCKETS;
+        for (w, p) in [
+            (m, 1),
+            (m + 1, 1),
+            (2 * m, 2),
+            (2 * m + 1, 2),
+            (i64::MAX, i64::MAX / m),
+            (i64::MAX, i64::MAX / m + 1),
+            (i64::MAX, i64::MAX),
+            (1000, 1),
+            (60_000, 1000),
+        ] {
+            let by_ceiling = ceil_div(w, p).is_some_and(|span| span <= m);
+            assert_eq!(check_precision(w, p).is_ok(), by_ceiling, "{w} / {p}");
+        }
     }
 
     proptest! {
