@@ -693,14 +693,7 @@ impl Buckets {
         }
         match add {
             Add::Nothing => {}
-            Add::ToNewest(count) => {
-                let was = self.counts.back().unwrap_or(0);
-                self.total = self
-                    .total
-                    .saturating_sub(i128::from(was))
-                    .saturating_add(i128::from(count));
-                self.counts.set_back(count);
-            }
+            Add::ToNewest(count) => self.set_newest(count),
             Add::Push(_) => {
                 if let Some((base, off, count)) = pushed {
                     self.base = base;
@@ -712,6 +705,16 @@ impl Buckets {
             }
         }
         Ok(())
+    }
+
+    /// Sets the newest bucket's count (there is one), keeping `total`.
+    fn set_newest(&mut self, count: i64) {
+        let was = self.counts.back().unwrap_or(0);
+        self.total = self
+            .total
+            .saturating_sub(i128::from(was))
+            .saturating_add(i128::from(count));
+        self.counts.set_back(count);
     }
 
     /// Room for one more bucket: when full, grows by `max(len / 8, 4)`, capped
@@ -1148,7 +1151,7 @@ impl Window {
         if id.is_some() && u32::try_from(self.remembered().len()).is_err() {
             return None;
         }
-        self.buckets.advance(0, Add::ToNewest(count), None).ok()?;
+        self.buckets.set_newest(count);
         self.buckets.trim();
         self.last_ms = now;
         // `forget_stale(now)`, with the edge of the ids worked out above when the horizon is
