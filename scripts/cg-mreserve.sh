@@ -55,7 +55,7 @@ measure() { # kind warm
  for _ in $(seq 200); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.3; done
  redis-cli -p $port --pipe <"$d/setup" >/dev/null
  redis-cli -p $port --pipe <"$d/warm" >/dev/null
- callgrind_control -z $vp >/dev/null
+ callgrind_control -z $vp >/dev/null 2>&1
  redis-cli -p $port --pipe <"$d/run" >/dev/null
  redis-cli -p $port shutdown nosave >/dev/null 2>&1 || true
  wait $vp || true
