@@ -298,11 +298,6 @@ fn in_id_order(slots: &VecDeque<Slot>) -> bool {
     true
 }
 
-/// The capacity a full queue of `len` slots grows to: by an eighth (at least 4), not by
-/// doubling (ids are the memory of a busy window key; amortised: 8 moves per id), then up to
-/// what the allocator's size class of those bytes holds anyway (jemalloc, Redis's allocator:
-/// four classes per doubling above 128 bytes, as `crate::shell::memory::alloc_size`), so that
-/// no rounding is wasted.
 /// [`stream_cmp`] of `id` (split as `key`, its [`dash_parts`]) and `slot`'s id. Where the
 /// two have the same length and the slot's one dash is where `id`'s first dash is, their runs
 /// have the same lengths: then the byte order of the whole ids is that order, in one
@@ -315,6 +310,11 @@ fn newest_cmp(id: &[u8], key: (&[u8], &[u8]), slot: &Slot) -> Ordering {
     stream_cmp(key, slot.stream_parts())
 }
 
+/// The capacity a full queue of `len` slots grows to: by an eighth (at least 4), not by
+/// doubling (ids are the memory of a busy window key; amortised: 8 moves per id), then up to
+/// what the allocator's size class of those bytes holds anyway (jemalloc, Redis's allocator:
+/// four classes per doubling above 128 bytes, as `crate::shell::memory::alloc_size`), so that
+/// no rounding is wasted.
 fn grown_capacity(len: usize) -> usize {
     const SLOT: usize = std::mem::size_of::<Slot>();
     let want = len.saturating_add((len / 8).max(4));

@@ -1023,7 +1023,7 @@ impl Window {
         id: Option<&[u8]>,
     ) -> Result<(i64, bool), WindowError> {
         params.validate()?;
-        if let Some(now) = self.record_in_newest(params, now_ms, id) {
+        if let Some(now) = self.record_in_newest(params, now_ms, id)? {
             return Ok((now, true));
         }
         self.record_planned(params, now_ms, id)
@@ -1114,15 +1114,63 @@ impl Window {
 
     /// [`Window::record_state`]'s usual case, without its plan: `params` (validated) at the
     /// held window and precision, a positive cost counted in the newest bucket, and no bucket
-    /// leaving the horizon. Reaches the very state the general path would (a unit test
-    /// compares them); `None` (nothing changed) in any other case, which the general path
-    /// then handles, its errors included.
+    /// leaving the horizon. Reaches the very state, and result, the general path would (a
+    /// property test compares them); `Ok(None)` (nothing changed) in any other case, which the
+    /// general path then handles, its errors included.
+    ///
+    /// # Errors
+    ///
+    /// As the general path's: none is reachable (what could fail is checked first).
     fn record_in_newest(
         &mut self,
         params: &WindowParams,
         now_ms: i64,
         id: Option<&[u8]>,
-    ) -> Option<i64> {
+    ) -> Result<Option<i64>, WindowError> {
+        let Some(planned) = self.newest_count(params, now_ms, id) else {
+            return Ok(None);
+        };
+        let (now, counted_at, count, first_kept) = planned;
+        self.buckets.set_newest(count);
+        self.buckets.trim();
+        self.last_ms = now;
+        // `forget_stale(now)`, with the edge of the ids worked out above when the horizon is
+        // the window (a configured key's): the same value, one division fewer.
+        let first_live = if self.horizon_ms == self.window_ms {
+            i64::try_from(first_kept).unwrap_or(i64::MIN)
+        } else {
+            self.first_live_index(now)
+        };
+        if self
+            .remembered()
+            .oldest_index()
+            .is_some_and(|o| o < first_live)
+        {
+            self.ids_mut().forget_before(first_live);
+        }
+        if let Some(id) = id {
+            let entry = Entry {
+                index: counted_at,
+                counted: params.cost,
+                status: IdStatus::Pending,
+            };
+            // As the general path: checked above, cannot fail.
+            self.ids_mut()
+                .put(id, entry)
+                .map_err(|_| WindowError::Overflow)?;
+        }
+        Ok(Some(now))
+    }
+
+    /// Whether [`Window::record_in_newest`] applies, without changing anything: the effective
+    /// now, the cost's bucket index, the newest bucket's count after it, and the first bucket
+    /// index inside the horizon.
+    fn newest_count(
+        &self,
+        params: &WindowParams,
+        now_ms: i64,
+        id: Option<&[u8]>,
+    ) -> Option<(i64, i64, i64, i128)> {
         if params.precision_ms != self.precision_ms
             || params.window_ms != self.window_ms
             || params.cost <= 0
@@ -1147,36 +1195,11 @@ impl Window {
         let count = newest.count.checked_add(params.cost)?;
         i64::try_from(self.buckets.total.checked_add(i128::from(params.cost))?).ok()?;
         // What `Remembered::put` refuses (an index outside its range, checked above, or a
-        // `u32::MAX`-th id) is left to the general path: nothing below can fail.
+        // `u32::MAX`-th id) is left to the general path.
         if id.is_some() && u32::try_from(self.remembered().len()).is_err() {
             return None;
         }
-        self.buckets.set_newest(count);
-        self.buckets.trim();
-        self.last_ms = now;
-        // `forget_stale(now)`, with the edge of the ids worked out above when the horizon is
-        // the window (a configured key's): the same value, one division fewer.
-        let first_live = if horizon_ms == self.window_ms {
-            i64::try_from(first_kept).unwrap_or(i64::MIN)
-        } else {
-            self.first_live_index(now)
-        };
-        if self
-            .remembered()
-            .oldest_index()
-            .is_some_and(|o| o < first_live)
-        {
-            self.ids_mut().forget_before(first_live);
-        }
-        if let Some(id) = id {
-            let entry = Entry {
-                index: counted_at,
-                counted: params.cost,
-                status: IdStatus::Pending,
-            };
-            self.ids_mut().put(id, entry).ok()?;
-        }
-        Some(now)
+        Some((now, counted_at, count, first_kept))
     }
 
     /// Window of the last recorded call, ms.
