@@ -1141,13 +1141,7 @@ impl Window {
         } else {
             self.first_live_index(now)
         };
-        if self
-            .remembered()
-            .oldest_index()
-            .is_some_and(|o| o < first_live)
-        {
-            self.ids_mut().forget_before(first_live);
-        }
+        self.forget_ids_before(first_live);
         if let Some(id) = id {
             let entry = Entry {
                 index: counted_at,
@@ -1272,7 +1266,11 @@ impl Window {
 
     /// Physically forgets the ids whose bucket left the window at `now`; returns how many.
     fn forget_stale(&mut self, now: i64) -> usize {
-        let first = self.first_live_index(now);
+        self.forget_ids_before(self.first_live_index(now))
+    }
+
+    /// Physically forgets the ids whose bucket index is below `first`; returns how many.
+    fn forget_ids_before(&mut self, first: i64) -> usize {
         match self.remembered().oldest_index() {
             Some(oldest) if oldest < first => self.ids_mut().forget_before(first),
             _ => 0,
