@@ -717,7 +717,7 @@ fn effect() -> impl Strategy<Value = Effect> {
             .prop_map(|(limit, used, overdraft, max_reserve, ttl, period)| {
                 let bounds = period.bounds(T0).unwrap();
                 Effect::Configure {
-                    settings: Settings {
+                    settings: Box::new(Settings {
                         limit,
                         overdraft,
                         max_reserve,
@@ -728,9 +728,9 @@ fn effect() -> impl Strategy<Value = Effect> {
                             OnExpire::Elapsed
                         },
                         unit_ms: Some(1000),
-                    },
+                    }),
                     used,
-                    period,
+                    period: Box::new(period),
                     bounds,
                 }
             }),

@@ -706,9 +706,9 @@ impl Model {
         Some(match change {
             Change::None => return None,
             Change::Configure { settings, used } => Effect::Configure {
-                settings: *settings,
+                settings: Box::new(*settings),
                 used: *used,
-                period: Period::none(),
+                period: Box::new(Period::none()),
                 bounds: None,
             },
             Change::Grant {

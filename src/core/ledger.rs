@@ -178,10 +178,12 @@ impl Default for Policy {
 pub enum Effect {
     /// QUOTA.SET: new settings, the resulting `used`, the period and its current bounds
     /// (`[start, end)` unix ms; `None` without a period).
+    /// Settings and period boxed: QUOTA.SET is rare, and without them inline an effect (and
+    /// every plan that carries one, e.g. a multi-key command's per key) is half the size.
     Configure {
-        settings: Settings,
+        settings: Box<Settings>,
         used: i64,
-        period: Period,
+        period: Box<Period>,
         bounds: Option<(i64, i64)>,
     },
     /// A period boundary passed: used and overrun restart from 0 in `[start_ms, end_ms)`.
@@ -885,9 +887,9 @@ impl Budget {
         }
         let bounds = period.bounds(now).map_err(period_error)?;
         Ok(Effect::Configure {
-            settings,
+            settings: Box::new(settings),
             used,
-            period,
+            period: Box::new(period),
             bounds,
         })
     }
@@ -936,9 +938,9 @@ impl Budget {
             });
         }
         let configure = Effect::Configure {
-            settings,
+            settings: Box::new(settings),
             used,
-            period,
+            period: Box::new(period),
             bounds,
         };
         // The first write after a boundary resets first, as every write does (the configure
@@ -1380,9 +1382,9 @@ impl Budget {
                     // The old period is over: its overrun goes with it (used comes in the effect).
                     self.overrun = 0;
                 }
-                self.settings = *settings;
+                self.settings = **settings;
                 self.used = *used;
-                self.period = period.clone();
+                self.period = Period::clone(period);
                 self.period_bounds = *bounds;
                 self.book.set_unit(settings.unit_ms);
             }
@@ -1753,6 +1755,13 @@ pub fn validate_settings(s: &Settings) -> Result<(), LedgerError> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_effect_stays_small() {
+        // Plans carry effects by value (a multi-key command one per key): QUOTA.SET's
+        // settings and period are boxed so that the common effects set the size.
+        assert!(std::mem::size_of::<Effect>() <= 64);
+    }
 
     #[test]
     fn an_exhausted_id_generator_says_so() {

@@ -101,7 +101,7 @@ pub(crate) fn apply_budget_at_key(
             let Some(Effect::Configure { settings, .. }) = list.first() else {
                 return Err(RedisError::Str("ERR QUOTA.APPLY: no budget at this key"));
             };
-            let mut budget = Budget::new(*settings, at);
+            let mut budget = Budget::new(**settings, at);
             if !logged.is_empty() {
                 if let Err(e) = check_replicated_stream(ctx, &budget, list) {
                     key.unchanged();

@@ -436,16 +436,16 @@ where
                     unit_ms = Some(parse_i64(next(&mut it)?)?);
                 }
                 Effect::Configure {
-                    settings: Settings {
+                    settings: Box::new(Settings {
                         limit,
                         overdraft,
                         max_reserve: (max >= 0).then_some(max),
                         default_ttl_ms,
                         on_expire: policy,
                         unit_ms,
-                    },
+                    }),
                     used,
-                    period: Period::new(kind, tz, anchor).map_err(error_reply)?,
+                    period: Box::new(Period::new(kind, tz, anchor).map_err(error_reply)?),
                     bounds,
                 }
             }

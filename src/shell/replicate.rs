@@ -247,28 +247,28 @@ mod tests {
         let id = crate::core::book::Id::from_slice(b"r 1:x");
         let effects = [
             Effect::Configure {
-                settings: Settings::plain(5, 1, None, 9),
+                settings: Box::new(Settings::plain(5, 1, None, 9)),
                 used: 2,
-                period: Period::none(),
+                period: Box::new(Period::none()),
                 bounds: None,
             },
             Effect::Configure {
-                settings: Settings {
+                settings: Box::new(Settings {
                     on_expire: OnExpire::Elapsed,
                     unit_ms: Some(1000),
                     ..Settings::plain(5, 1, Some(3), 9)
-                },
+                }),
                 used: 2,
-                period: Period::none(),
+                period: Box::new(Period::none()),
                 bounds: None,
             },
             Effect::Configure {
-                settings: Settings {
+                settings: Box::new(Settings {
                     on_expire: OnExpire::Charge,
                     ..Settings::plain(5, 1, Some(3), 9)
-                },
+                }),
                 used: 2,
-                period: Period::none(),
+                period: Box::new(Period::none()),
                 bounds: None,
             },
             Effect::Reset {
@@ -393,13 +393,13 @@ mod tests {
             b"7 RELEASE 1:a RELEASE 1:a ONEXPIRE ELAPSED 3 CHARGE 1 0"
         );
         let configure = Effect::Configure {
-            settings: Settings {
+            settings: Box::new(Settings {
                 on_expire: OnExpire::Charge,
                 unit_ms: Some(60000),
                 ..Settings::plain(5, 0, None, 9)
-            },
+            }),
             used: 0,
-            period: Period::none(),
+            period: Box::new(Period::none()),
             bounds: None,
         };
         assert_eq!(
