@@ -924,6 +924,8 @@ impl Window {
     ///
     /// Invalid `params` (see [`WindowParams::parse`]);
     /// [`WindowError::Overflow`] only for a corrupt value.
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     pub fn check(&self, params: &WindowParams, now_ms: i64) -> Result<WindowDecision, WindowError> {
         params.validate()?;
         let now = self.effective_now(now_ms);
@@ -1016,6 +1018,8 @@ impl Window {
 
     /// The state change of a record, all or nothing, without working out a decision (what
     /// [`Window::apply`] needs): the effective now and whether the precision was unchanged.
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     fn record_state(
         &mut self,
         params: &WindowParams,
@@ -1279,6 +1283,8 @@ impl Window {
 
     /// `id`'s entry as the key sees it at `now_ms`: `None` once its bucket has left the
     /// window (whether or not it was physically forgotten yet).
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     pub fn id_entry(&self, id: &[u8], now_ms: i64) -> Option<Entry> {
         let now = self.effective_now(now_ms);
         self.remembered()
@@ -1321,6 +1327,8 @@ impl Window {
     ///
     /// `ERR` without a configuration; `CONFLICT` if the id is remembered with another amount
     /// or finished; `LIMIT` if `max_ids` ids are remembered; invalid cost.
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     pub fn plan_id_reserve(
         &self,
         now_ms: i64,
@@ -1491,6 +1499,8 @@ impl Window {
     ///
     /// [`WindowError`] for invalid parameters, an overflow, or an effect that does not fit
     /// the state ([`WindowError::Corrupt`] naming it).
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     pub fn apply(&mut self, at_ms: i64, effect: &WindowEffect) -> Result<(), WindowError> {
         match effect {
             WindowEffect::Configure(cfg) => {
@@ -1815,6 +1825,8 @@ where
 /// load), so those still in the window are the newest ones: a binary search finds the edge and
 /// the count is summed on its shorter side ([`Buckets::split_from`]). A call into a full
 /// 60 s / 1 s window reads a few buckets instead of 61.
+// Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+#[inline(always)]
 fn decide_held(buckets: &Buckets, ask: &Ask<'_>) -> WindowDecision {
     let params = ask.params;
     let (first, counted) =
@@ -1912,6 +1924,7 @@ impl<'a> Held<std::iter::Copied<std::slice::Iter<'a, Bucket>>> {
 
 /// Plans a record at `now` (normalised): drop what left the horizon, add `cost`. Reads only the
 /// buckets that left (the oldest) and the newest.
+// Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
 #[inline(always)]
 fn plan<I>(
     held: Held<I>,

@@ -56,6 +56,8 @@ pub struct ModuleKey<'a> {
 impl<'a> ModuleKey<'a> {
     /// Opens `name` for reading and writing. Signals it as modified on close unless
     /// [`unchanged`](ModuleKey::unchanged) is called.
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     pub fn open_writable(ctx: &Context, name: &'a RedisString) -> Result<Self, RedisError> {
         let inner = raw::open_key(
             ctx.ctx,
@@ -79,6 +81,8 @@ impl<'a> ModuleKey<'a> {
     }
 
     /// Reads the key's module type and value into the cache.
+    // Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+    #[inline(always)]
     fn load_type_and_value(&mut self) -> Result<(), RedisError> {
         let get_type = api!(RedisModule_ModuleTypeGetType)?;
         // SAFETY: the key is open; the type is null for an empty key or a non-module value.

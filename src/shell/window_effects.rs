@@ -214,6 +214,8 @@ pub fn apply_at_key(
 
 /// Applies `effects` to `w` in order until one does not apply: how many applied, and the error
 /// of the one that did not (nothing of it applied).
+// Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
+#[inline(always)]
 fn apply_each(w: &mut Window, at_ms: i64, effects: &[WindowEffect]) -> (usize, Option<RedisError>) {
     let mut applied = 0usize;
     for e in effects {
