@@ -60,7 +60,10 @@ pub fn bump(c: &AtomicI64) {
 
 /// Adds a (possibly negative) delta to a counter.
 pub fn add(c: &AtomicI64, delta: i64) {
-    c.fetch_add(delta, Ordering::Relaxed);
+    // A locked add waits for every pending store; most calls add nothing.
+    if delta != 0 {
+        c.fetch_add(delta, Ordering::Relaxed);
+    }
 }
 
 /// Raises a counter to at least `v`.
