@@ -1924,7 +1924,6 @@ impl<'a> Held<std::iter::Copied<std::slice::Iter<'a, Bucket>>> {
 
 /// Plans a record at `now` (normalised): drop what left the horizon, add `cost`. Reads only the
 /// buckets that left (the oldest) and the newest.
-// Inlined: its result, returned through memory, stalled MRESERVE (docs/benchmarks.md).
 #[inline(always)]
 fn plan<I>(
     held: Held<I>,
