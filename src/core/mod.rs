@@ -5,6 +5,7 @@
 //! and in AOF replays, and is unit- and property-tested on its own.
 
 pub mod book;
+pub mod chunked;
 pub mod error;
 pub mod htree;
 pub mod id;

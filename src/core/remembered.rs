@@ -25,11 +25,12 @@
 //!
 //! Memory: a 40-byte slot per id in the queue — the id inline up to 23 bytes (longer ids: one
 //! allocation of their length), the amount counted, and the bucket index with the status in
-//! its top two bits (indexes are kept within ±2^61: [`Remembered::holds_index`]) — grown by a
-//! quarter at a time and then to fill the allocator's size class, and 5 bytes per slot of the
-//! table in the table form (at most 7/8 full, grown by doubling): 40 to 68 bytes per id,
-//! typically 45 in the ordered form and 50 to 55 in the table form (issue 19 measured 94 with
-//! 56-byte slots); see [`Remembered::allocations`]. This is the
+//! its top two bits (indexes are kept within ±2^61: [`Remembered::holds_index`]) — in chunks
+//! of 64 slots past the first 64 ([`ChunkedQueue`]: never copied as the queue grows; up to 64
+//! slots, one chunk grown by a quarter), and 5 bytes per slot of the table in the table form
+//! (at most 7/8 full, grown by doubling): 40 to 64 bytes per id, 40 in the ordered form and
+//! about 50 in the table form (issue 19 measured 94 with 56-byte slots, and 45 in the ordered
+//! form with one contiguous queue); see [`Remembered::allocations`]. This is the
 //! layout in memory only: the persisted encoding (`src/shell/persist/window.rs`) is
 //! independent of it. An empty set owns no heap.
 
@@ -41,7 +42,15 @@ use std::num::NonZeroU8;
 use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::HashTable;
 
+use crate::core::chunked::ChunkedQueue;
 use crate::core::id::{dash_parts, stream_cmp, stream_parts};
+
+/// Slots a chunk of the queue holds past the first: 64 × 40 bytes = 2560, a jemalloc size
+/// class (no rounding lost), and 32 bytes of chunk table per 64 ids.
+const CHUNK: usize = 64;
+
+/// The queue of slots (see [`ChunkedQueue`]: no copies as it grows).
+type Queue = ChunkedQueue<Slot, CHUNK>;
 
 /// Where a remembered id stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,7 +275,7 @@ impl std::fmt::Debug for Slot {
 #[derive(Clone)]
 pub struct Remembered {
     /// Nondecreasing bucket index, oldest first.
-    slots: VecDeque<Slot>,
+    slots: Queue,
     /// Position in `slots` plus `shift`, per id (u32: at most `u32::MAX` ids, far above any
     /// `quota.max-pending` a key could hold in memory). Empty while `ordered`.
     table: HashTable<u32>,
@@ -284,9 +293,9 @@ impl Default for Remembered {
 }
 
 /// Are `slots` in the ordered form: every id stream-style, strictly increasing?
-fn in_id_order(slots: &VecDeque<Slot>) -> bool {
+fn in_id_order(slots: &Queue) -> bool {
     let mut last: Option<(&[u8], &[u8])> = None;
-    for s in slots {
+    for s in slots.iter() {
         let Some(parts) = stream_parts(s.id.as_bytes()) else {
             return false;
         };
@@ -308,28 +317,6 @@ fn newest_cmp(id: &[u8], key: (&[u8], &[u8]), slot: &Slot) -> Ordering {
         return id.cmp(stored);
     }
     stream_cmp(key, slot.stream_parts())
-}
-
-/// The capacity a full queue of `len` slots grows to: by a quarter (at least 4), not by
-/// doubling (ids are the memory of a busy window key; amortised: 4 moves per id; an eighth
-/// made the copies 2 % of a 5-key MRESERVE while its windows fill), then up to
-/// what the allocator's size class of those bytes holds anyway (jemalloc, Redis's allocator:
-/// four classes per doubling above 128 bytes, as `crate::shell::memory::alloc_size`), so that
-/// no rounding is wasted.
-fn grown_capacity(len: usize) -> usize {
-    const SLOT: usize = std::mem::size_of::<Slot>();
-    let want = len.saturating_add((len / 4).max(4));
-    let bytes = want.saturating_mul(SLOT);
-    if bytes <= 128 {
-        return want;
-    }
-    // bytes in (2^k, 2^(k+1)]: classes are 2^(k-2) apart.
-    let k = usize::BITS
-        .saturating_sub(bytes.saturating_sub(1).leading_zeros())
-        .saturating_sub(1);
-    let step = 1usize.checked_shl(k.saturating_sub(2)).unwrap_or(1);
-    let class = bytes.div_ceil(step).saturating_mul(step);
-    (class / SLOT).max(want)
 }
 
 /// The per-process keyed hasher (std's SipHash-1-3 with a random key). A faster keyed hash
@@ -411,7 +398,7 @@ fn position_of(stored: u32, shift: u32) -> usize {
 impl Remembered {
     /// No ids (what a window without any shares).
     pub const EMPTY: Remembered = Remembered {
-        slots: VecDeque::new(),
+        slots: Queue::new(),
         table: HashTable::new(),
         shift: 0,
         ordered: true,
@@ -453,7 +440,7 @@ impl Remembered {
         let Some(last) = len.checked_sub(1) else {
             return (Ordering::Greater, 0);
         };
-        match self.slots.get(last).map(|s| newest_cmp(id, key, s)) {
+        match self.slots.back().map(|s| newest_cmp(id, key, s)) {
             Some(Ordering::Equal) => (Ordering::Equal, last),
             Some(Ordering::Less) => self.search_below(key, last),
             _ => (Ordering::Greater, len),
@@ -510,7 +497,7 @@ impl Remembered {
     /// Calls `out(address, bytes)` for both ends of the queue (where ids arrive and leave).
     /// Addresses only, for prefetching.
     pub fn hot_addresses(&self, out: &mut impl FnMut(*const u8, usize)) {
-        queue_ends(&self.slots, out);
+        self.slots.hot_addresses(out);
     }
 
     /// The entry of `id`, physically (whether its bucket is still in the window is the
@@ -539,10 +526,6 @@ impl Remembered {
             match stream_parts(id).map(|key| self.ordered_position(id, key)) {
                 Some((Ordering::Greater, len)) if in_order => {
                     u32::try_from(len).map_err(|_| Unrepresentable)?;
-                    if len == self.slots.capacity() {
-                        self.slots
-                            .reserve_exact(grown_capacity(len).saturating_sub(len));
-                    }
                     self.slots.push_back(slot);
                     return Ok(());
                 }
@@ -592,10 +575,6 @@ impl Remembered {
             TableEntry::Vacant(v) if in_order => {
                 let stored = u32::try_from(len).map_err(|_| Unrepresentable)?;
                 v.insert(stored.wrapping_add(shift));
-                if self.slots.len() == self.slots.capacity() {
-                    self.slots
-                        .reserve_exact(grown_capacity(len).saturating_sub(len));
-                }
                 self.slots.push_back(slot);
                 return Ok(());
             }
@@ -603,11 +582,8 @@ impl Remembered {
         }
         // Out of order, or an id moving to another bucket: never on the command path (ids
         // arrive in time order); rebuilt.
-        let mut all: Vec<Slot> = self
-            .slots
-            .drain(..)
-            .filter(|s| s.id.as_bytes() != id)
-            .collect();
+        let mut all = self.slots.take_all();
+        all.retain(|s| s.id.as_bytes() != id);
         let at = all.partition_point(|s| s.index() <= entry.index);
         all.insert(at, slot);
         self.rebuild(all);
@@ -680,21 +656,19 @@ impl Remembered {
         if self.slots.is_empty() {
             // Give the memory back once nothing is held.
             *self = Remembered::default();
-        } else if self.slots.capacity()
-            > self
-                .slots
-                .len()
-                .saturating_add(self.slots.len() / 2)
-                .saturating_add(16)
-        {
-            self.slots
-                .shrink_to(self.slots.len().saturating_add(self.slots.len() / 8));
-            let (slots, shift) = (&self.slots, self.shift);
-            self.table.shrink_to(slots.len(), |&s| {
-                slots
-                    .get(position_of(s, shift))
-                    .map_or(0, |slot| slot.id.table_hash().wide())
-            });
+        } else if n > 0 {
+            self.slots.shrink();
+            let len = self.slots.len();
+            // Only well below its capacity: a table cut at its growth threshold would grow
+            // back on the next id.
+            if self.table.capacity() > len.saturating_mul(2).saturating_add(16) {
+                let (slots, shift) = (&self.slots, self.shift);
+                self.table.shrink_to(len.saturating_add(len / 2), |&s| {
+                    slots
+                        .get(position_of(s, shift))
+                        .map_or(0, |slot| slot.id.table_hash().wide())
+                });
+            }
         }
         n
     }
@@ -720,7 +694,7 @@ impl Remembered {
             last = index;
         }
         if !sorted {
-            let mut all: Vec<Slot> = self.slots.drain(..).collect();
+            let mut all = self.slots.take_all();
             all.sort_by_key(Slot::index);
             self.rebuild(all);
         }
@@ -736,21 +710,20 @@ impl Remembered {
     pub fn counted_in(&self, index: i64) -> i128 {
         let from = self.slots.partition_point(|s| s.index() < index);
         self.slots
-            .range(from..)
+            .iter_from(from)
             .take_while(|s| s.index() == index)
             .fold(0i128, |t, s| t.saturating_add(i128::from(s.counted)))
     }
 
-    /// The heap allocations, in bytes: the queue (by capacity, 40 bytes a slot), the table
-    /// (4 bytes and a control byte per bucket, plus a group of control bytes), and the total
-    /// of the ids longer than 23 bytes (one allocation each, each rounded by `size_class`: the
-    /// allocator's usable size of a request, for MEMORY USAGE; the caller rounds the queue and
-    /// table).
+    /// The heap allocations, in bytes: the queue (its chunks, 40 bytes a slot, and its table
+    /// of chunks, 32 bytes a chunk), the table (4 bytes and a control byte per bucket, plus a
+    /// group of control bytes), and the total of the ids longer than 23 bytes (one allocation
+    /// each). The queue's allocations and the long ids are each rounded by `size_class` (the
+    /// allocator's usable size of a request, for MEMORY USAGE); the caller rounds the table.
     pub fn allocations(&self, size_class: impl Fn(usize) -> usize) -> (usize, usize, usize) {
-        let queue = self
-            .slots
-            .capacity()
-            .saturating_mul(std::mem::size_of::<Slot>());
+        let mut queue = 0usize;
+        self.slots
+            .allocations(|bytes| queue = queue.saturating_add(size_class(bytes)));
         let table = if self.table.capacity() == 0 {
             0
         } else {
@@ -1030,14 +1003,18 @@ mod tests {
         }
     }
 
-    /// A grown queue takes at least a quarter more and fills its size class.
+    /// A grown first chunk takes at least a quarter more and fills its size class, up to a
+    /// full chunk, which is itself a size class; every chunk after it is one.
     #[test]
     fn growth_fills_the_size_class() {
+        use crate::core::chunked::grown_capacity;
+        use crate::shell::memory::alloc_size;
         let slot = std::mem::size_of::<Slot>();
-        for len in (0..5000).chain([100_000, 1 << 20]) {
-            let cap = grown_capacity(len);
-            assert!(cap >= len + (len / 4).max(4), "{len}");
-            let class = crate::shell::memory::alloc_size(cap * slot);
+        assert_eq!(alloc_size(CHUNK * slot), CHUNK * slot);
+        for len in 0..CHUNK {
+            let cap = grown_capacity::<Slot>(len, CHUNK);
+            assert!(cap >= (len + (len / 4).max(4)).min(CHUNK), "{len}");
+            let class = alloc_size(cap * slot);
             if cap * slot > 128 {
                 assert!(
                     class - cap * slot < slot,
@@ -1045,6 +1022,15 @@ mod tests {
                 );
             }
         }
+        let mut r = Remembered::default();
+        for i in 0..1000u64 {
+            r.put(format!("1-{i}").as_bytes(), entry(0, 1)).unwrap();
+        }
+        let (queue, table, long) = r.allocations(alloc_size);
+        // 16 chunks, and a table of 16 chunks (or a little more).
+        assert!(queue >= 16 * CHUNK * slot + 16 * 32, "{queue}");
+        assert!(queue <= 16 * CHUNK * slot + 32 * 32, "{queue}");
+        assert_eq!((table, long), (0, 0));
     }
 
     #[derive(Clone, Debug)]

@@ -60,7 +60,7 @@ pub fn window_bytes(w: &Window) -> usize {
         .saturating_add(alloc_size(offsets))
         .saturating_add(alloc_size(counts))
         .saturating_add(alloc_size(extras))
-        .saturating_add(alloc_size(queue))
+        .saturating_add(queue)
         .saturating_add(alloc_size(table))
         .saturating_add(long_ids)
 }
