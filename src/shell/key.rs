@@ -225,13 +225,17 @@ pub fn prefetch(address: *const u8, bytes: usize) {
         if address.is_null() {
             return;
         }
+        // Every line the span touches: an unaligned span (a 40-byte slot) can end in a line
+        // its first byte is not in.
+        let first = (address as usize) & !63;
+        let end = (address as usize).saturating_add(bytes);
         let base = address.cast::<i8>();
-        for offset in (0..bytes).step_by(64) {
+        for line in (first..end).step_by(64) {
             // SAFETY: a prefetch never faults and has no visible effect, whatever the address;
             // `wrapping_add` makes no claim about the allocation.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    base.wrapping_add(offset),
+                    base.wrapping_add(line.wrapping_sub(address as usize)),
                 );
             }
         }
