@@ -11,7 +11,8 @@
 //! elements is one chunk grown by a quarter at a time, so a quiet key stays small.
 //!
 //! Layout invariant: every chunk but the first and the last holds exactly `C` elements, so
-//! position `i` is found by one division.
+//! position `i` is found by one division and the length from the two end chunks (no field for
+//! it: the struct is 32 bytes, as a `VecDeque`'s, and so is a window key's boxed extras).
 
 use std::collections::VecDeque;
 
@@ -20,7 +21,6 @@ use std::collections::VecDeque;
 pub struct ChunkedQueue<T, const C: usize> {
     /// Oldest first. Never holds an empty chunk while it holds another.
     chunks: VecDeque<VecDeque<T>>,
-    len: usize,
 }
 
 impl<T, const C: usize> Default for ChunkedQueue<T, C> {
@@ -60,23 +60,29 @@ impl<T, const C: usize> ChunkedQueue<T, C> {
     pub const fn new() -> Self {
         ChunkedQueue {
             chunks: VecDeque::new(),
-            len: 0,
         }
     }
 
-    /// How many elements it holds.
+    /// How many elements it holds: the end chunks' and `C` per chunk between them.
     pub fn len(&self) -> usize {
-        self.len
+        match (self.chunks.front(), self.chunks.back()) {
+            (Some(first), Some(last)) if self.chunks.len() > 1 => first
+                .len()
+                .saturating_add(last.len())
+                .saturating_add(self.chunks.len().saturating_sub(2).saturating_mul(C)),
+            (Some(only), _) => only.len(),
+            _ => 0,
+        }
     }
 
     /// True if it holds none.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.chunks.front().is_none_or(VecDeque::is_empty)
     }
 
     /// The chunk and offset of position `i` (`None` past the end).
     fn locate(&self, i: usize) -> Option<(usize, usize)> {
-        if i >= self.len {
+        if i >= self.len() {
             return None;
         }
         let first = self.chunks.front().map_or(0, VecDeque::len);
@@ -131,7 +137,6 @@ impl<T, const C: usize> ChunkedQueue<T, C> {
                 self.chunks.push_back(chunk);
             }
         }
-        self.len = self.len.saturating_add(1);
     }
 
     /// Removes and returns the oldest element; a first chunk it empties is freed unless it is
@@ -142,7 +147,6 @@ impl<T, const C: usize> ChunkedQueue<T, C> {
         if first.is_empty() && self.chunks.len() > 1 {
             self.chunks.pop_front();
         }
-        self.len = self.len.saturating_sub(1);
         Some(value)
     }
 
@@ -174,7 +178,7 @@ impl<T, const C: usize> ChunkedQueue<T, C> {
     /// The number of elements before the first one for which `pred` is false, if `pred` is
     /// true for a prefix (as `slice::partition_point`). O(log n).
     pub fn partition_point(&self, mut pred: impl FnMut(&T) -> bool) -> usize {
-        let (mut lo, mut hi) = (0usize, self.len);
+        let (mut lo, mut hi) = (0usize, self.len());
         while lo < hi {
             let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
             match self.get(mid) {
@@ -207,7 +211,6 @@ impl<T, const C: usize> ChunkedQueue<T, C> {
     /// Takes every element out, oldest first, leaving the queue empty (and without heap).
     pub fn take_all(&mut self) -> Vec<T> {
         let chunks = std::mem::take(&mut self.chunks);
-        self.len = 0;
         let mut all = Vec::with_capacity(chunks.iter().map(VecDeque::len).sum());
         for chunk in chunks {
             all.extend(chunk);
@@ -253,7 +256,7 @@ impl<T, const C: usize> From<Vec<T>> for ChunkedQueue<T, C> {
             } else {
                 VecDeque::from([VecDeque::from(all)])
             };
-            return ChunkedQueue { chunks, len };
+            return ChunkedQueue { chunks };
         }
         let mut q = ChunkedQueue::new();
         q.chunks.reserve_exact(len.div_ceil(C));
@@ -267,7 +270,7 @@ impl<T, const C: usize> From<Vec<T>> for ChunkedQueue<T, C> {
 impl<T: PartialEq, const C: usize> PartialEq for ChunkedQueue<T, C> {
     /// The same elements in the same order (however they are chunked).
     fn eq(&self, other: &Self) -> bool {
-        self.len == other.len && self.iter().eq(other.iter())
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -281,7 +284,7 @@ mod tests {
     type Q = ChunkedQueue<u32, 8>;
 
     /// Every chunk but the first and last is full, none is empty unless it is the only one,
-    /// and `len` is their sum.
+    /// and the length is their sum.
     fn check_layout(q: &Q) {
         let n = q.chunks.len();
         for (k, c) in q.chunks.iter().enumerate() {
@@ -293,7 +296,8 @@ mod tests {
                 assert!(!c.is_empty(), "empty chunk {k} of {n}");
             }
         }
-        assert_eq!(q.len, q.chunks.iter().map(VecDeque::len).sum::<usize>());
+        assert_eq!(q.len(), q.chunks.iter().map(VecDeque::len).sum::<usize>());
+        assert_eq!(q.is_empty(), q.len() == 0);
     }
 
     #[derive(Clone, Debug)]

@@ -2099,6 +2099,17 @@ fn clamp_i64(value: i128) -> i64 {
 )]
 mod tests {
     use super::*;
+
+    /// A configured key's boxed extras stay in the 128-byte size class (`MEMORY USAGE` of a
+    /// 60 s / 1 s configured key: 832 bytes, docs/commands.md).
+    #[test]
+    fn extras_fit_128_bytes() {
+        assert!(
+            std::mem::size_of::<Extras>() <= 128,
+            "{}",
+            std::mem::size_of::<Extras>()
+        );
+    }
     use proptest::prelude::*;
 
     fn params(limit: i64, window_ms: i64, precision_ms: i64, cost: i64) -> WindowParams {
