@@ -297,7 +297,7 @@ mod tests {
             }
         }
         assert_eq!(q.len(), q.chunks.iter().map(VecDeque::len).sum::<usize>());
-        assert_eq!(q.is_empty(), q.len() == 0);
+        assert_eq!(q.is_empty(), q.iter().next().is_none());
     }
 
     #[derive(Clone, Debug)]
