@@ -359,6 +359,21 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             ),
         ),
         (
+            vec!["QUOTA.SET", "w", "WINDOW", "10"],
+            format!(
+                "ERR WINDOW needs a value: WINDOW limit window_ms [PRECISION precision_ms]. \
+                 {SET_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "10", "abc"],
+            format!("ERR window_ms is not an integer or out of range: got 'abc'. {SET_USAGE}"),
+        ),
+        (
+            vec!["QUOTA.SET", "w", "WINDOW", "abc", "1000"],
+            format!("ERR limit is not an integer or out of range: got 'abc'. {SET_USAGE}"),
+        ),
+        (
             vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "PRECISION"],
             format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_USAGE}"),
         ),

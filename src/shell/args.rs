@@ -155,14 +155,19 @@ impl<'a> Args<'a> {
     #[cold]
     #[inline(never)]
     fn missing(&self) -> RedisError {
-        let option = self.all.len().checked_sub(1).and_then(|last| {
-            let doc = self.doc()?;
+        match self.all.len().checked_sub(1).filter(|&last| last >= 2) {
             // The last argument was read as an option's keyword: its value is missing.
-            let opt = doc
-                .option(self.all.get(last)?.as_slice())
-                .filter(|_| last >= 2)?;
-            Some((doc, opt))
-        });
+            Some(last) => self.needs_value(self.all.get(last).map_or(&b""[..], |a| a.as_slice())),
+            None => self.wrong_arity(),
+        }
+    }
+
+    /// `ERR <option> needs a value: <its form>. Usage: ...` for the option `option` of this
+    /// command (one whose values are not all there), else the wrong-arity error.
+    #[cold]
+    #[inline(never)]
+    pub fn needs_value(&self, option: &[u8]) -> RedisError {
+        let option = self.doc().and_then(|doc| Some((doc, doc.option(option)?)));
         match option {
             Some((doc, opt)) => RedisError::String(format!(
                 "ERR {} needs a value: {}. Usage: {}",

@@ -232,8 +232,12 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// a call with them would. A configured key never expires. `WRONGTYPE` on a budget; `WINDOW`
 /// given twice is an error.
 pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) -> RedisResult {
-    let limit = args.next_i64()?;
-    let window_ms = args.next_i64()?;
+    // Both values, or the option's form (not the command's arity).
+    if args.remaining() < 2 {
+        return Err(args.needs_value(b"WINDOW"));
+    }
+    let limit = args.next_i64_as("limit")?;
+    let window_ms = args.next_i64_as("window_ms")?;
     let (mut precision, mut nx, mut xx, mut at) = (None, false, false, None);
     while !args.is_empty() {
         let t = args.next_bytes()?;
