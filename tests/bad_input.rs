@@ -430,6 +430,18 @@ fn error_lines_name_the_argument_and_give_the_usage() {
                 .into(),
         ),
         (
+            vec!["QUOTA.WINDOW", "w", "PRECISION", "5"],
+            format!(
+                "ERR syntax error near 'PRECISION': PRECISION goes with limit and window_ms \
+                 (without them the key's stored configuration is used, precision included). \
+                 {WINDOW_USAGE}"
+            ),
+        ),
+        (
+            vec!["QUOTA.WINDOW", "w", "FOO"],
+            format!("ERR syntax error near 'FOO': QUOTA.WINDOW takes no such option. {WINDOW_USAGE}"),
+        ),
+        (
             vec!["QUOTA.WINDOW", "w", "COST", "x"],
             format!("ERR value of COST is not an integer or out of range: got 'x'. {WINDOW_USAGE}"),
         ),

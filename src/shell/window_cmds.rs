@@ -58,8 +58,20 @@ fn parse(args: &[RedisString]) -> Result<Request<'_>, RedisError> {
             || t.eq_ignore_ascii_case(b"AT"))
     });
     let (limit, window_ms) = if explicit {
+        let third = args.get(2).map_or(&b""[..], |t| t.as_slice());
+        if third.eq_ignore_ascii_case(b"PRECISION") {
+            return Err(a.syntax_error(
+                third,
+                "PRECISION goes with limit and window_ms (without them the key's stored \
+                 configuration is used, precision included)",
+            ));
+        }
         if args.len() < 4 {
-            return Err(a.wrong_arity());
+            // A word alone where the limit would be is an unknown option, not a short call.
+            return Err(match crate::shell::args::parse_canonical_i64(third) {
+                Some(_) => a.wrong_arity(),
+                None => a.unexpected(third),
+            });
         }
         (a.next_i64()?, a.next_i64()?)
     } else {
