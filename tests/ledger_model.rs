@@ -112,6 +112,9 @@ fn err_kind(e: &LedgerError) -> ErrKind {
         LedgerError::Conflict { id, state, .. } => ErrKind::Conflict(id.clone(), state),
         LedgerError::Overflow => ErrKind::Overflow,
         LedgerError::TooManyPending { max } => ErrKind::TooManyPending(*max),
+        LedgerError::TooManyRemembered { .. } => {
+            panic!("only a window key's plan counts remembered ids, not a budget's")
+        }
         LedgerError::Invalid(_) => ErrKind::Invalid,
         LedgerError::BadEffect(why) => ErrKind::BadEffect(why),
         LedgerError::Corrupt(why) => {

@@ -1434,8 +1434,12 @@ fn events_per_key_and_the_cap_on_remembered_ids() {
     ok(&mut c, &["CONFIG", "SET", "quota.max-pending", "3"]);
     oka(&mut c, 6, &["QUOTA.MRESERVE", "1", "w", "1", "ID", "g"]);
     let before = digest(&mut c, "w");
-    let (code, _) = erra(&mut c, 7, &["QUOTA.MRESERVE", "1", "w", "1", "ID", "h"]);
+    let (code, msg) = erra(&mut c, 7, &["QUOTA.MRESERVE", "1", "w", "1", "ID", "h"]);
     assert_eq!(code, "LIMIT");
+    assert!(
+        msg.contains("too many remembered ids on this window key (max 3, finished ones"),
+        "{msg}"
+    );
     assert_eq!(before, digest(&mut c, "w"));
 }
 

@@ -147,7 +147,7 @@ fn code(e: &LedgerError) -> &'static str {
         LedgerError::Conflict { .. } => "CONFLICT",
         LedgerError::NoReservation { .. } => "NORESERVATION",
         LedgerError::Overflow => "OVERFLOW",
-        LedgerError::TooManyPending { .. } => "LIMIT",
+        LedgerError::TooManyPending { .. } | LedgerError::TooManyRemembered { .. } => "LIMIT",
         LedgerError::TooLarge { .. } => "TOOLARGE",
         _ => "ERR",
     }

@@ -22,6 +22,9 @@ pub enum LedgerError {
     Overflow,
     /// The per-key pending cap was reached (`LIMIT`).
     TooManyPending { max: i64 },
+    /// A window key holds as many remembered ids as the cap allows (`LIMIT`): finished ones
+    /// count until their bucket leaves the window.
+    TooManyRemembered { max: i64 },
     /// An effect replayed on a replica or from the AOF does not fit the state (`ERR`): a sign
     /// that the stream was produced from another state. Nothing is applied.
     BadEffect(&'static str),
@@ -74,6 +77,13 @@ impl fmt::Display for LedgerError {
                 write!(
                     f,
                     "LIMIT too many pending reservations on this key (max {max})"
+                )
+            }
+            LedgerError::TooManyRemembered { max } => {
+                write!(
+                    f,
+                    "LIMIT too many remembered ids on this window key (max {max}, finished \
+                     ones included until their bucket leaves the window)"
                 )
             }
             LedgerError::BadEffect(why) => write!(f, "ERR effect does not apply: {why}"),

@@ -1371,7 +1371,7 @@ impl Window {
             held = held.saturating_sub(self.remembered().count_before(first));
         }
         if i64::try_from(held).unwrap_or(i64::MAX) >= max_ids {
-            return Err(LedgerError::TooManyPending { max: max_ids });
+            return Err(LedgerError::TooManyRemembered { max: max_ids });
         }
         // The record must not refuse it (what it keeps, plus the cost, within i64). The check
         // above validated these parameters.
@@ -3035,7 +3035,7 @@ mod tests {
         assert_eq!(w.remembered().len(), 3);
         assert!(matches!(
             w.plan_id_reserve(10_500, b"d", 1, 3),
-            Err(LedgerError::TooManyPending { max: 3 })
+            Err(LedgerError::TooManyRemembered { max: 3 })
         ));
         // At 11 100 their bucket (10 000..=10 099) has left the 1-s window: none is live.
         assert!(matches!(
