@@ -95,6 +95,12 @@ def test_typed_errors(q: Quota, r: redis.Redis) -> None:
     r.config_set("quota.max-pending", 1)
     with pytest.raises(PendingLimitError):
         q.reserve("b", 1)
+    # a window key's cap counts its remembered ids: the same typed error
+    q.set_window("w", 100, 60_000)
+    assert q.mreserve(["w"], [1]).granted
+    with pytest.raises(PendingLimitError) as remembered:
+        q.mreserve(["w"], [1])
+    assert "remembered ids" in remembered.value.message
     # typed errors are still redis-py ResponseErrors
     with pytest.raises(redis.ResponseError):
         q.reserve("missing", 1)

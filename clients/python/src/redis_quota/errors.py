@@ -83,7 +83,8 @@ class TooLargeError(QuotaReplyError):
 
 
 class PendingLimitError(QuotaReplyError):
-    """``LIMIT``: the key already holds ``quota.max-pending`` live reservations."""
+    """``LIMIT``: the key already holds ``quota.max-pending`` live reservations (a window key:
+    remembered ids, finished ones included until their bucket leaves the window)."""
 
     code = "LIMIT"
 
@@ -128,7 +129,7 @@ def from_response_error(err: redis.exceptions.ResponseError) -> QuotaReplyError:
         return err
     message = str(err)
     code = message.split(" ", 1)[0]
-    if message.startswith("LIMIT too many pending"):
+    if message.startswith(("LIMIT too many pending", "LIMIT too many remembered")):
         return PendingLimitError(message)
     cls = _BY_CODE.get(code, CommandError)
     return cls(message)
