@@ -2099,6 +2099,7 @@ fn clamp_i64(value: i128) -> i64 {
 )]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// A configured key's boxed extras stay in the 128-byte size class (`MEMORY USAGE` of a
     /// 60 s / 1 s configured key: 832 bytes, docs/commands.md).
@@ -2110,7 +2111,6 @@ mod tests {
             std::mem::size_of::<Extras>()
         );
     }
-    use proptest::prelude::*;
 
     fn params(limit: i64, window_ms: i64, precision_ms: i64, cost: i64) -> WindowParams {
         WindowParams::parse(limit, window_ms, Some(cost), Some(precision_ms)).unwrap()
