@@ -187,10 +187,11 @@ const MRESERVE_USAGE: &str = "Usage: QUOTA.MRESERVE numkeys key [key ...] amount
      [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms]";
 const WINDOW_USAGE: &str = "Usage: QUOTA.WINDOW key [limit window_ms] [COST cost] \
      [PRECISION precision_ms] [PEEK] [AT unix_ms]";
-const SET_USAGE: &str = "Usage: QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] \
-     [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
+const SET_USAGE: &str = "Usage: QUOTA.SET key [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
      [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] [TZ zone] \
-     [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]";
+     [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] \
+     [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms] \
+     | QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] [NX|XX] [AT unix_ms]";
 
 /// Error lines name the argument at fault and say what to do next (issue 23): the argument's
 /// name, the value got, the key taken for an option, and the command's usage line. Codes and
@@ -361,8 +362,8 @@ fn error_lines_name_the_argument_and_give_the_usage() {
         (
             vec!["QUOTA.SET", "w", "WINDOW", "10"],
             format!(
-                "ERR WINDOW needs a value: WINDOW limit window_ms [PRECISION precision_ms]. \
-                 {SET_USAGE}"
+                "ERR WINDOW needs window_ms after the limit: WINDOW limit window_ms \
+                 [PRECISION precision_ms]. {SET_USAGE}"
             ),
         ),
         (
@@ -676,6 +677,28 @@ fn multi_key_and_set_argument_errors_are_consistent() {
         ),
         (
             vec!["QUOTA.MEXTEND", "1", "{e}:b", "p1", "0"],
+            "ERR ttl_ms must be positive and at most 1000000000000000 ms".into(),
+        ),
+        // The single-key commands word their bound as the multi-key ones: the option TTL,
+        // the argument ttl_ms, the same bound for 0 and for too much.
+        (
+            vec!["QUOTA.RESERVE", "{e}:b", "1", "TTL", "0"],
+            "ERR TTL must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.RESERVE", "{e}:b", "1", "TTL", huge],
+            "ERR TTL must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.SET", "{e}:b", "TTL", "-1"],
+            "ERR TTL must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.EXTEND", "{e}:b", "p1", "0"],
+            "ERR ttl_ms must be positive and at most 1000000000000000 ms".into(),
+        ),
+        (
+            vec!["QUOTA.EXTEND", "{e}:b", "p1", huge],
             "ERR ttl_ms must be positive and at most 1000000000000000 ms".into(),
         ),
         (

@@ -610,6 +610,14 @@ fn bad_input_is_refused_and_changes_nothing() {
         assert_eq!(got, code, "{args:?}: {msg}");
         assert_eq!(before, digests(&mut c), "{args:?} changed something");
     }
+    // A window key given no budget option (only NX, XX or AT) has nothing to change: 0, as a
+    // budget given none; given one, WRONGTYPE (above).
+    for extra in [&[][..], &["NX"], &["XX"]] {
+        let mut args = vec!["QUOTA.SET", KEYS[4]];
+        args.extend_from_slice(extra);
+        assert_eq!(oka(&mut c, 5, &args), Value::Int(0), "{args:?}");
+        assert_eq!(before, digests(&mut c), "{args:?} changed something");
+    }
     assert!(!keys(&mut c).contains(&"w".to_string()));
 }
 

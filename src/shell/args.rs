@@ -9,6 +9,7 @@
 use redis_module::{RedisError, RedisString};
 
 use crate::core::error::printable_id;
+use crate::core::ledger::MAX_TTL_MS;
 use crate::shell::command_docs::{self, CommandDoc};
 
 /// The standard Redis reply for a bad integer.
@@ -93,6 +94,12 @@ impl<'a> Args<'a> {
         Ok(n)
     }
 
+    /// The next argument as a reservation TTL in ms, `1..=`[`MAX_TTL_MS`], else `error`
+    /// ([`BAD_TTL`] for the `TTL` option, [`BAD_TTL_MS`] for the `ttl_ms` argument).
+    pub fn next_ttl(&mut self, error: &'static str) -> Result<i64, RedisError> {
+        ttl_arg(self.next_i64()?, error)
+    }
+
     /// The error for `token`, just read where an option was expected: a syntax error that says
     /// which options the command takes (or that the key was taken for an option's keyword).
     #[cold]
@@ -167,10 +174,18 @@ impl<'a> Args<'a> {
     #[cold]
     #[inline(never)]
     pub fn needs_value(&self, option: &[u8]) -> RedisError {
+        self.needs(option, "a value")
+    }
+
+    /// `ERR <option> needs <what>: <its form>. Usage: ...` (e.g. `what` = "window_ms after
+    /// the limit" when only some of its values are there), else the wrong-arity error.
+    #[cold]
+    #[inline(never)]
+    pub fn needs(&self, option: &[u8], what: &str) -> RedisError {
         let option = self.doc().and_then(|doc| Some((doc, doc.option(option)?)));
         match option {
             Some((doc, opt)) => RedisError::String(format!(
-                "ERR {} needs a value: {}. Usage: {}",
+                "ERR {} needs {what}: {}. Usage: {}",
                 opt.token
                     .map_or_else(String::new, |t| t.to_string_lossy().into_owned()),
                 opt.form(),
@@ -263,6 +278,22 @@ impl<'a> Args<'a> {
 /// Parses a decimal i64 as Redis does (`string2ll`): optional `-`, then `0` alone or a first
 /// digit 1–9; no spaces, no `+`, no leading zeros, no `-0`. So `007` is refused as `INCRBY x 007`
 /// is, and every accepted number has one spelling.
+/// A reservation TTL outside `1..=`[`MAX_TTL_MS`] given as the `TTL` option (QUOTA.SET,
+/// QUOTA.RESERVE, QUOTA.MRESERVE); the text spells the bound (a `&'static str` cannot format).
+pub const BAD_TTL: &str = "ERR TTL must be positive and at most 1000000000000000 ms";
+/// The same for the `ttl_ms` argument (QUOTA.EXTEND, QUOTA.MEXTEND).
+pub const BAD_TTL_MS: &str = "ERR ttl_ms must be positive and at most 1000000000000000 ms";
+
+/// `ttl` if it is a reservation TTL (`1..=`[`MAX_TTL_MS`] ms), else `error`: checked while
+/// parsing, so that the error names no key and a call denied anyway still gets it.
+pub fn ttl_arg(ttl: i64, error: &'static str) -> Result<i64, RedisError> {
+    if (1..=MAX_TTL_MS).contains(&ttl) {
+        Ok(ttl)
+    } else {
+        Err(RedisError::Str(error))
+    }
+}
+
 pub fn parse_i64(bytes: &[u8]) -> Result<i64, RedisError> {
     parse_canonical_i64(bytes).ok_or(RedisError::Str(NOT_AN_INTEGER))
 }
@@ -318,6 +349,18 @@ pub fn syntax_error(token: &[u8]) -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ttl_errors_spell_the_bound() {
+        for e in [BAD_TTL, BAD_TTL_MS] {
+            assert!(e.ends_with(&format!(" {MAX_TTL_MS} ms")), "{e}");
+        }
+        assert_eq!(ttl_arg(MAX_TTL_MS, BAD_TTL).ok(), Some(MAX_TTL_MS));
+        assert_eq!(ttl_arg(1, BAD_TTL).ok(), Some(1));
+        for bad in [0, -1, MAX_TTL_MS + 1, i64::MIN] {
+            assert!(ttl_arg(bad, BAD_TTL_MS).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn integers_parse_as_redis_does() {

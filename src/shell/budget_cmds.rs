@@ -10,7 +10,7 @@ use crate::core::ledger::{
 use crate::core::period::{Period, PeriodKind};
 use crate::core::window::Window;
 use crate::shell::apply::{apply_and_propagate, Counts};
-use crate::shell::args::{check_id, Args};
+use crate::shell::args::{check_id, ttl_arg, Args, BAD_TTL, BAD_TTL_MS};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::config::MAX_ID_LENGTH_RANGE;
 use crate::shell::key::ModuleKey;
@@ -183,7 +183,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             }
             max_reserve = Some((m >= 0).then_some(m));
         } else if t.eq_ignore_ascii_case(b"TTL") {
-            ttl = Some(a.next_positive("TTL")?);
+            ttl = Some(a.next_ttl(BAD_TTL)?);
         } else if t.eq_ignore_ascii_case(b"PERIOD") {
             kind = Some(PeriodKind::parse(a.next_bytes()?).map_err(error_reply)?);
         } else if t.eq_ignore_ascii_case(b"TZ") {
@@ -231,9 +231,31 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // and XX on an empty key reply 0 first (nothing is set, so there is nothing to check).
     let check_stream_type = || stream_key.map_or(Ok(()), |s| usage::check_stream_key(ctx, s));
 
-    // Another type at this key is refused here with WRONGTYPE.
-    let exists = crate::shell::wrongtype(ctx.open_key(key_name).get_value::<Budget>(&BUDGET_TYPE))?
-        .is_some();
+    // Another type at this key is refused here with WRONGTYPE, but a window key given no
+    // budget option (only NX, XX or AT) has nothing to change: 0, as a budget given none.
+    let key = ctx.open_key(key_name);
+    let exists = match key.get_value::<Budget>(&BUDGET_TYPE) {
+        Ok(budget) => budget.is_some(),
+        Err(_) => {
+            let no_budget_option = limit.is_none()
+                && used.is_none()
+                && overdraft.is_none()
+                && max_reserve.is_none()
+                && ttl.is_none()
+                && kind.is_none()
+                && tz.is_none()
+                && anchor.is_none()
+                && on_expire.is_none()
+                && unit.is_none()
+                && stream.is_none()
+                && stream_max.is_none();
+            return match key.get_value::<Window>(&WINDOW_TYPE) {
+                Ok(Some(_)) if no_budget_option => Ok(RedisValue::Integer(0)),
+                _ => Err(RedisError::WrongType),
+            };
+        }
+    };
+    drop(key);
     if exists {
         if nx {
             return Ok(RedisValue::Integer(0));
@@ -491,7 +513,7 @@ pub fn quota_reserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             check_id_arg(v)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
-            ttl = Some(a.next_positive("TTL")?);
+            ttl = Some(a.next_ttl(BAD_TTL)?);
         } else if t.eq_ignore_ascii_case(b"KEEP") {
             keep = parse_keep(&mut a)?;
         } else if let Some(v) = parse_at(&mut a, t)? {
@@ -678,10 +700,7 @@ pub fn quota_extend(ctx: &Context, args: &[RedisString]) -> RedisResult {
         num,
         at,
     } = key_id_tail(&mut a, Num::Int)?;
-    let ttl = num.unwrap_or(0);
-    if ttl <= 0 {
-        return Err(RedisError::Str("ERR ttl_ms must be positive"));
-    }
+    let ttl = ttl_arg(num.unwrap_or(0), BAD_TTL_MS)?;
     let policy = config::policy();
     let (ttl, _) = run_write(ctx, key_name, at, |b, now| {
         b.plan_extend(now, &policy, id, ttl).map_err(error_reply)

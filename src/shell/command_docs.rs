@@ -556,15 +556,13 @@ impl CommandDoc {
             .any(|k| matches!(k.find, Find::Keynum { .. }))
     }
 
-    /// The command's syntax on one line, as redis-cli hints it:
+    /// The command's syntax on one line, as error replies give it:
     /// `QUOTA.RESERVE key amount [ID id] [TTL ttl_ms] [KEEP keep] [AT unix_ms]`.
+    /// A command with several forms ([`CommandDoc::forms`], `QUOTA.SET`'s budget and `WINDOW`
+    /// forms) gives them all, joined by ` | `.
     pub fn usage(&self) -> String {
-        let mut out = self.name.to_string_lossy().into_owned();
-        for arg in self.args {
-            out.push(' ');
-            render(arg, &mut out);
-        }
-        out
+        let forms: Vec<String> = self.forms().into_iter().map(|(line, _)| line).collect();
+        forms.join(" | ")
     }
 
     /// The command's forms, as `QUOTA.HELP` lists them: `(usage line, summary)`. One form (the
@@ -954,9 +952,12 @@ mod tests {
         );
         assert_eq!(
             usage("QUOTA.SET"),
-            "QUOTA.SET key [WINDOW limit window_ms [PRECISION precision_ms]] [LIMIT limit] \
-             [USED used] [OVERDRAFT overdraft] [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
-             [TZ zone] [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms]"
+            "QUOTA.SET key [LIMIT limit] [USED used] [OVERDRAFT overdraft] \
+             [MAXRESERVE max_reserve] [TTL ttl_ms] [PERIOD NONE|MINUTE|HOUR|DAY|WEEK|MONTH] \
+             [TZ zone] [ANCHOR anchor_ms] [ONEXPIRE RELEASE|CHARGE|ELAPSED] \
+             [UNIT MS|S|MIN|NONE] [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] \
+             [AT unix_ms] | QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] \
+             [NX|XX] [AT unix_ms]"
         );
         assert_eq!(
             usage("QUOTA.APPLY"),

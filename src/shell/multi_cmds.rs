@@ -23,7 +23,7 @@ use crate::core::multi::{
 };
 use crate::core::window::Window;
 use crate::shell::apply::{apply_counted_logged, count_releases, write_usage};
-use crate::shell::args::{check_id, Args};
+use crate::shell::args::{check_id, ttl_arg, Args, BAD_TTL, BAD_TTL_MS};
 use crate::shell::budget_cmds::{check_id_arg, check_new_id, noquota};
 use crate::shell::budget_type::BUDGET_TYPE;
 use crate::shell::key::ModuleKey;
@@ -37,21 +37,6 @@ use crate::shell::{clock, config, key_specs, stats, window_effects};
 
 /// Most keys one multi-key command names (`numkeys`).
 pub const MAX_KEYS: usize = 16;
-
-/// MRESERVE's `TTL` outside `1..=MAX_TTL_MS`: an argument error (no key named).
-const BAD_TTL: &str = "ERR TTL must be positive and at most 1000000000000000 ms";
-/// MEXTEND's `ttl_ms` outside `1..=MAX_TTL_MS`.
-const BAD_TTL_MS: &str = "ERR ttl_ms must be positive and at most 1000000000000000 ms";
-
-/// A TTL argument: `1..=`[`crate::core::ledger::MAX_TTL_MS`], else `error` (checked while
-/// parsing, so that it names no key).
-fn ttl_arg(ttl: i64, error: &'static str) -> Result<i64, RedisError> {
-    if (1..=crate::core::ledger::MAX_TTL_MS).contains(&ttl) {
-        Ok(ttl)
-    } else {
-        Err(RedisError::Str(error))
-    }
-}
 
 /// What each command needs after its keys (for [`key_specs::answer_key_positions`] and the
 /// arity check of [`parse_keys`]): as its parser reads them.
@@ -427,7 +412,7 @@ pub fn quota_mreserve(ctx: &Context, args: &[RedisString]) -> RedisResult {
             check_id_arg(v)?;
             id = Some(v);
         } else if t.eq_ignore_ascii_case(b"TTL") {
-            ttl = Some(ttl_arg(a.next_i64()?, BAD_TTL)?);
+            ttl = Some(a.next_ttl(BAD_TTL)?);
         } else if t.eq_ignore_ascii_case(b"KEEP") {
             // One KEEP for every budget key; window keys ignore it.
             keep = Some(a.next_amount("KEEP")?);
@@ -670,18 +655,4 @@ pub fn quota_mextend(ctx: &Context, args: &[RedisString]) -> RedisResult {
             })
             .collect(),
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ttl_errors_spell_the_bound() {
-        let max = crate::core::ledger::MAX_TTL_MS;
-        for e in [super::BAD_TTL, super::BAD_TTL_MS] {
-            assert!(e.ends_with(&format!(" {max} ms")), "{e}");
-        }
-        assert!(super::ttl_arg(max, super::BAD_TTL).is_ok());
-        assert!(super::ttl_arg(max + 1, super::BAD_TTL).is_err());
-        assert!(super::ttl_arg(0, super::BAD_TTL_MS).is_err());
-    }
 }

@@ -245,8 +245,10 @@ pub fn quota_window(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// given twice is an error.
 pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) -> RedisResult {
     // Both values, or the option's form (not the command's arity).
-    if args.remaining() < 2 {
-        return Err(args.needs_value(b"WINDOW"));
+    match args.remaining() {
+        0 => return Err(args.needs_value(b"WINDOW")),
+        1 => return Err(args.needs(b"WINDOW", "window_ms after the limit")),
+        _ => {}
     }
     let limit = args.next_i64_as("limit")?;
     let window_ms = args.next_i64_as("window_ms")?;
