@@ -275,9 +275,6 @@ impl<'a> Args<'a> {
     }
 }
 
-/// Parses a decimal i64 as Redis does (`string2ll`): optional `-`, then `0` alone or a first
-/// digit 1–9; no spaces, no `+`, no leading zeros, no `-0`. So `007` is refused as `INCRBY x 007`
-/// is, and every accepted number has one spelling.
 /// A reservation TTL outside `1..=`[`MAX_TTL_MS`] given as the `TTL` option (QUOTA.SET,
 /// QUOTA.RESERVE, QUOTA.MRESERVE); the text spells the bound (a `&'static str` cannot format).
 pub const BAD_TTL: &str = "ERR TTL must be positive and at most 1000000000000000 ms";
@@ -294,6 +291,9 @@ pub fn ttl_arg(ttl: i64, error: &'static str) -> Result<i64, RedisError> {
     }
 }
 
+/// Parses a decimal i64 as Redis does (`string2ll`): optional `-`, then `0` alone or a first
+/// digit 1–9; no spaces, no `+`, no leading zeros, no `-0`. So `007` is refused as `INCRBY x 007`
+/// is, and every accepted number has one spelling.
 pub fn parse_i64(bytes: &[u8]) -> Result<i64, RedisError> {
     parse_canonical_i64(bytes).ok_or(RedisError::Str(NOT_AN_INTEGER))
 }
