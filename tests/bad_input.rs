@@ -712,9 +712,10 @@ fn multi_key_and_set_argument_errors_are_consistent() {
                 "6",
                 "1000",
             ],
-            "ERR WINDOW is given twice: QUOTA.SET key WINDOW limit window_ms [PRECISION ms] \
-             [NX|XX]"
-                .into(),
+            format!(
+                "ERR syntax error near 'WINDOW': WINDOW is given twice (one configuration per \
+                 call). {SET_USAGE}"
+            ),
         ),
         // Something would be set: the stream key's type is checked.
         (

@@ -269,10 +269,7 @@ pub fn quota_set_window(ctx: &Context, key_name: &RedisString, args: &mut Args) 
             at = Some(args.next_i64()?);
         } else if t.eq_ignore_ascii_case(b"WINDOW") {
             // An error, not last-wins: a second configuration in one call is a client bug.
-            return Err(RedisError::Str(
-                "ERR WINDOW is given twice: QUOTA.SET key WINDOW limit window_ms \
-                 [PRECISION ms] [NX|XX]",
-            ));
+            return Err(args.syntax_error(t, "WINDOW is given twice (one configuration per call)"));
         } else if crate::shell::budget_cmds::is_budget_option(t) {
             return Err(crate::shell::budget_cmds::window_with_budget_option(
                 args, t, t,
