@@ -16,6 +16,8 @@
 
 use std::collections::VecDeque;
 
+use crate::core::size_class::alloc_size;
+
 /// A FIFO queue in chunks of `C` slots (see the module doc).
 #[derive(Clone)]
 pub struct ChunkedQueue<T, const C: usize> {
@@ -31,27 +33,11 @@ impl<T, const C: usize> Default for ChunkedQueue<T, C> {
 
 /// The capacity a full single chunk of `len` slots of `T` grows to: by a quarter (at least 4;
 /// amortised 4 moves per element, and at most `C` slots are ever moved), then up to what the
-/// allocator's size class of those bytes holds anyway (jemalloc, Redis's allocator: four
-/// classes per doubling above 128 bytes, as `crate::shell::memory::alloc_size`), at most `cap`.
+/// allocator's size class of those bytes holds anyway ([`alloc_size`]), at most `cap`.
 pub fn grown_capacity<T>(len: usize, cap: usize) -> usize {
     let size = std::mem::size_of::<T>().max(1);
     let want = len.saturating_add((len / 4).max(4));
-    let bytes = want.saturating_mul(size);
-    let filled = if bytes <= 128 {
-        want
-    } else {
-        // bytes in (2^k, 2^(k+1)]: classes are 2^(k-2) apart.
-        let k = usize::BITS
-            .saturating_sub(bytes.saturating_sub(1).leading_zeros())
-            .saturating_sub(1);
-        let step = 1usize.checked_shl(k.saturating_sub(2)).unwrap_or(1);
-        bytes
-            .div_ceil(step)
-            .saturating_mul(step)
-            .checked_div(size)
-            .unwrap_or(want)
-            .max(want)
-    };
+    let filled = (alloc_size(want.saturating_mul(size)) / size).max(want);
     filled.min(cap).max(len.saturating_add(1))
 }
 

@@ -13,4 +13,5 @@ pub mod ledger;
 pub mod multi;
 pub mod period;
 pub mod remembered;
+pub mod size_class;
 pub mod window;

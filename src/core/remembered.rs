@@ -946,9 +946,12 @@ mod tests {
             .iter()
             .map(|(id, _)| id.len())
             .filter(|&l| l > INLINE)
-            .map(crate::shell::memory::alloc_size)
+            .map(crate::core::size_class::alloc_size)
             .sum();
-        assert_eq!(r.allocations(crate::shell::memory::alloc_size).2, rounded);
+        assert_eq!(
+            r.allocations(crate::core::size_class::alloc_size).2,
+            rounded
+        );
         assert!(r.get(b"").is_none());
         r.put(b"", entry(MAX_INDEX, 4)).unwrap();
         assert_eq!(r.get(b""), Some(entry(MAX_INDEX, 4)));
@@ -1008,7 +1011,7 @@ mod tests {
     #[test]
     fn growth_fills_the_size_class() {
         use crate::core::chunked::grown_capacity;
-        use crate::shell::memory::alloc_size;
+        use crate::core::size_class::alloc_size;
         let slot = std::mem::size_of::<Slot>();
         assert_eq!(alloc_size(CHUNK * slot), CHUNK * slot);
         for len in 0..CHUNK {

@@ -10,29 +10,8 @@
 use std::mem::size_of;
 
 use crate::core::ledger::Budget;
+use crate::core::size_class::alloc_size;
 use crate::core::window::Window;
-
-/// The usable size jemalloc (Redis's default allocator) gives a request of `n` bytes: 8, then
-/// multiples of 16 up to 128, then four classes per doubling (`2^k + i * 2^(k-2)`).
-pub fn alloc_size(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    if n <= 8 {
-        return 8;
-    }
-    if n <= 128 {
-        return n.div_ceil(16).saturating_mul(16);
-    }
-    // n in (2^k, 2^(k+1)]: classes are spaced 2^(k-2) apart.
-    let k = usize::BITS
-        .saturating_sub(n.saturating_sub(1).leading_zeros())
-        .saturating_sub(1);
-    let step = 1usize
-        .checked_shl(k.saturating_sub(2))
-        .unwrap_or(usize::MAX);
-    n.div_ceil(step).saturating_mul(step)
-}
 
 /// MEMORY USAGE of a budget: the boxed struct, its time-zone name, and every allocation of the
 /// reservation book ([`crate::core::book::Book::allocations`]: slab chunks, index nodes, long
@@ -63,33 +42,4 @@ pub fn window_bytes(w: &Window) -> usize {
         .saturating_add(queue)
         .saturating_add(alloc_size(table))
         .saturating_add(long_ids)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jemalloc_size_classes() {
-        let cases = [
-            (0, 0),
-            (1, 8),
-            (8, 8),
-            (9, 16),
-            (17, 32),
-            (36, 48),
-            (128, 128),
-            (129, 160),
-            (232, 256),
-            (280, 320),
-            (544, 640),
-            (4096, 4096),
-            (16388, 20480),
-            (32776, 40960),
-            (usize::MAX, usize::MAX),
-        ];
-        for (n, class) in cases {
-            assert_eq!(alloc_size(n), class, "{n}");
-        }
-    }
 }
