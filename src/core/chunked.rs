@@ -37,7 +37,10 @@ impl<T, const C: usize> Default for ChunkedQueue<T, C> {
 pub fn grown_capacity<T>(len: usize, cap: usize) -> usize {
     let size = std::mem::size_of::<T>().max(1);
     let want = len.saturating_add((len / 4).max(4));
-    let filled = (alloc_size(want.saturating_mul(size)) / size).max(want);
+    let filled = alloc_size(want.saturating_mul(size))
+        .checked_div(size)
+        .unwrap_or(want)
+        .max(want);
     filled.min(cap).max(len.saturating_add(1))
 }
 
