@@ -35,7 +35,6 @@
 //! independent of it. An empty set owns no heap.
 
 use std::cmp::Ordering;
-use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroU8;
 
@@ -768,15 +767,6 @@ impl Eq for Remembered {}
 impl std::fmt::Debug for Remembered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.slots.iter()).finish()
-    }
-}
-
-/// Calls `out(address, bytes)` for the first and the last element of `q` (where a queue's
-/// elements arrive and leave). Addresses only, for prefetching; shared with
-/// [`crate::core::window::Window::hot_addresses`].
-pub(crate) fn queue_ends<T>(q: &VecDeque<T>, out: &mut impl FnMut(*const u8, usize)) {
-    for e in [q.front(), q.back()].into_iter().flatten() {
-        out(std::ptr::from_ref::<T>(e).cast(), std::mem::size_of::<T>());
     }
 }
 

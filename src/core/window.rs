@@ -69,7 +69,7 @@ use std::fmt;
 use crate::core::book::Id;
 use crate::core::error::LedgerError;
 use crate::core::ledger::IndexTag;
-use crate::core::remembered::{queue_ends, Entry, IdStatus, Remembered};
+use crate::core::remembered::{Entry, IdStatus, Remembered};
 
 /// Most buckets one window may span: `ceil(window_ms / precision_ms) <= 4096`.
 pub const MAX_BUCKETS: i64 = 4096;
@@ -897,6 +897,14 @@ enum Add {
     /// New count of the newest bucket.
     ToNewest(i64),
     Push(Bucket),
+}
+
+/// Calls `out(address, bytes)` for the first and the last element of `q` (where the buckets
+/// arrive and leave). Addresses only, for prefetching ([`Window::hot_addresses`]).
+fn queue_ends<T>(q: &VecDeque<T>, out: &mut impl FnMut(*const u8, usize)) {
+    for e in [q.front(), q.back()].into_iter().flatten() {
+        out(std::ptr::from_ref::<T>(e).cast(), std::mem::size_of::<T>());
+    }
 }
 
 /// Spare capacity tolerated before shrinking, in buckets.

@@ -85,15 +85,6 @@ impl<'a> Args<'a> {
         Ok(n)
     }
 
-    /// The next argument as a positive integer number of ms named `what`.
-    pub fn next_positive(&mut self, what: &str) -> Result<i64, RedisError> {
-        let n = self.next_i64()?;
-        if n <= 0 {
-            return Err(RedisError::String(format!("ERR {what} must be positive")));
-        }
-        Ok(n)
-    }
-
     /// The next argument as a reservation TTL in ms, `1..=`[`MAX_TTL_MS`], else `error`
     /// ([`BAD_TTL`] for the `TTL` option, [`BAD_TTL_MS`] for the `ttl_ms` argument).
     pub fn next_ttl(&mut self, error: &'static str) -> Result<i64, RedisError> {
