@@ -141,7 +141,7 @@ fn repeated_options_check_each_sign_and_the_kept_range() {
     };
     let window = ["QUOTA.WINDOW", "w", "10", "1000"];
     for (options, message) in [
-        (["COST", "-1", "COST", "1"], "COST must be non-negative"),
+        (["COST", "-1", "COST", "1"], "COST must not be negative"),
         (
             ["PRECISION", "0", "PRECISION", "10"],
             "PRECISION must be positive",

@@ -342,12 +342,12 @@ fn bad_arguments_are_refused_and_write_nothing() {
         (&["k", "10", "1000", "PRECISION", "x"], "not an integer"),
         (&["k", "10", "1000", "AT", "soon"], "not an integer"),
         (&["k", "10", "99999999999999999999"], "not an integer"),
-        (&["k", "-1", "1000"], "limit must be non-negative"),
+        (&["k", "-1", "1000"], "limit must not be negative"),
         (&["k", "10", "0"], "window_ms must be positive"),
         (&["k", "10", "-5"], "window_ms must be positive"),
         (
             &["k", "10", "1000", "COST", "-1"],
-            "COST must be non-negative",
+            "COST must not be negative",
         ),
         (
             &["k", "10", "1000", "PRECISION", "0"],

@@ -112,9 +112,9 @@ pub enum WindowError {
 impl fmt::Display for WindowError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NegativeLimit => f.write_str("ERR limit must be non-negative"),
+            Self::NegativeLimit => f.write_str("ERR limit must not be negative"),
             Self::WindowNotPositive => f.write_str("ERR window_ms must be positive"),
-            Self::NegativeCost => f.write_str("ERR COST must be non-negative"),
+            Self::NegativeCost => f.write_str("ERR COST must not be negative"),
             Self::PrecisionNotPositive => f.write_str("ERR PRECISION must be positive"),
             Self::PrecisionAboveWindow => f.write_str("ERR PRECISION must not exceed window_ms"),
             Self::TooManyBuckets => f.write_str(
@@ -2178,8 +2178,8 @@ mod tests {
         let err = |l, w, c, p| WindowParams::parse(l, w, c, p).unwrap_err().to_string();
         assert_eq!(err(1, 0, None, None), "ERR window_ms must be positive");
         assert_eq!(err(1, -5, None, None), "ERR window_ms must be positive");
-        assert_eq!(err(-1, 5, None, None), "ERR limit must be non-negative");
-        assert_eq!(err(1, 5, Some(-1), None), "ERR COST must be non-negative");
+        assert_eq!(err(-1, 5, None, None), "ERR limit must not be negative");
+        assert_eq!(err(1, 5, Some(-1), None), "ERR COST must not be negative");
         assert_eq!(err(1, 5, None, Some(0)), "ERR PRECISION must be positive");
         assert_eq!(
             err(1, 5, None, Some(6)),
