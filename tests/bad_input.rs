@@ -193,6 +193,10 @@ const SET_USAGE: &str = "Usage: QUOTA.SET key [LIMIT limit] [USED used] [OVERDRA
      [STREAM stream_key] [STREAMMAXLEN stream_maxlen] [NX|XX] [AT unix_ms] \
      | QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] [NX|XX] [AT unix_ms]";
 
+/// The usage line of QUOTA.SET's WINDOW form: what its errors give once WINDOW is read.
+const SET_WINDOW_USAGE: &str =
+    "Usage: QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] [NX|XX] [AT unix_ms]";
+
 /// Error lines name the argument at fault and say what to do next (issue 23): the argument's
 /// name, the value got, the key taken for an option, and the command's usage line. Codes and
 /// Redis's arity sentence stay as Redis has them.
@@ -356,41 +360,41 @@ fn error_lines_name_the_argument_and_give_the_usage() {
             vec!["QUOTA.SET", "w", "WINDOW"],
             format!(
                 "ERR WINDOW needs a value: WINDOW limit window_ms [PRECISION precision_ms]. \
-                 {SET_USAGE}"
+                 {SET_WINDOW_USAGE}"
             ),
         ),
         (
             vec!["QUOTA.SET", "w", "WINDOW", "10"],
             format!(
                 "ERR WINDOW needs window_ms after the limit: WINDOW limit window_ms \
-                 [PRECISION precision_ms]. {SET_USAGE}"
+                 [PRECISION precision_ms]. {SET_WINDOW_USAGE}"
             ),
         ),
         (
             vec!["QUOTA.SET", "w", "WINDOW", "10", "abc"],
-            format!("ERR window_ms is not an integer or out of range: got 'abc'. {SET_USAGE}"),
+            format!("ERR window_ms is not an integer or out of range: got 'abc'. {SET_WINDOW_USAGE}"),
         ),
         (
             vec!["QUOTA.SET", "w", "WINDOW", "abc", "1000"],
-            format!("ERR limit is not an integer or out of range: got 'abc'. {SET_USAGE}"),
+            format!("ERR limit is not an integer or out of range: got 'abc'. {SET_WINDOW_USAGE}"),
         ),
         (
             vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "PRECISION"],
-            format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_USAGE}"),
+            format!("ERR PRECISION needs a value: PRECISION precision_ms. {SET_WINDOW_USAGE}"),
         ),
         // WINDOW with a budget option, after or before it: a key is one or the other.
         (
             vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "LIMIT", "5"],
             format!(
                 "ERR syntax error near 'LIMIT': WINDOW cannot be combined with budget options \
-                 such as LIMIT (a key is a window or a budget). {SET_USAGE}"
+                 such as LIMIT (a key is a window or a budget). {SET_WINDOW_USAGE}"
             ),
         ),
         (
             vec!["QUOTA.SET", "w", "WINDOW", "10", "1000", "NX", "ttl", "5"],
             format!(
                 "ERR syntax error near 'ttl': WINDOW cannot be combined with budget options \
-                 such as TTL (a key is a window or a budget). {SET_USAGE}"
+                 such as TTL (a key is a window or a budget). {SET_WINDOW_USAGE}"
             ),
         ),
         (
@@ -714,7 +718,7 @@ fn multi_key_and_set_argument_errors_are_consistent() {
             ],
             format!(
                 "ERR syntax error near 'WINDOW': WINDOW is given twice (one configuration per \
-                 call). {SET_USAGE}"
+                 call). {SET_WINDOW_USAGE}"
             ),
         ),
         // Something would be set: the stream key's type is checked.

@@ -6,6 +6,8 @@
 //! from its position (a positional one) or the keyword before it (an option's value). All of
 //! that happens on the error path only: a call that parses costs what it did before.
 
+use std::ffi::CStr;
+
 use redis_module::{RedisError, RedisString};
 
 use crate::core::error::printable_id;
@@ -21,6 +23,9 @@ pub struct Args<'a> {
     all: &'a [RedisString],
     /// The index in `all` of the next argument.
     pos: usize,
+    /// The form of the command being parsed, by the option that makes it
+    /// ([`CommandDoc::form_usage`]: `QUOTA.SET key WINDOW ...`); `None`: the whole usage.
+    form: Option<&'static CStr>,
 }
 
 impl<'a> Args<'a> {
@@ -29,9 +34,24 @@ impl<'a> Args<'a> {
     #[inline(always)]
     pub fn new(all: &'a [RedisString], min: usize) -> Result<Self, RedisError> {
         if all.len().saturating_sub(1) < min {
-            return Err(Args { all, pos: 1 }.wrong_arity());
+            return Err(Args {
+                all,
+                pos: 1,
+                form: None,
+            }
+            .wrong_arity());
         }
-        Ok(Args { all, pos: 1 })
+        Ok(Args {
+            all,
+            pos: 1,
+            form: None,
+        })
+    }
+
+    /// From here on the call is the form that the option `token` makes (e.g. `WINDOW` of
+    /// QUOTA.SET): error replies give that form's usage line only.
+    pub fn set_form(&mut self, token: &'static CStr) {
+        self.form = Some(token);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,7 +127,7 @@ impl<'a> Args<'a> {
             }
             None => format!("{} takes no more arguments", doc.name.to_string_lossy()),
         };
-        RedisError::String(format!("{near}: {why}. Usage: {}", doc.usage()))
+        RedisError::String(format!("{near}: {why}. Usage: {}", self.usage(doc)))
     }
 
     /// `ERR syntax error near '<token>': <why>. Usage: ...`, for a token the command knows but
@@ -117,7 +137,7 @@ impl<'a> Args<'a> {
     pub fn syntax_error(&self, token: &[u8], why: &str) -> RedisError {
         let near = format!("ERR syntax error near '{}': {why}", printable_id(token));
         match self.doc() {
-            Some(doc) => RedisError::String(format!("{near}. Usage: {}", doc.usage())),
+            Some(doc) => RedisError::String(format!("{near}. Usage: {}", self.usage(doc))),
             None => RedisError::String(near),
         }
     }
@@ -140,8 +160,16 @@ impl<'a> Args<'a> {
         RedisError::String(format!(
             "ERR wrong number of arguments for '{}' command{hint}. Usage: {}",
             doc.name.to_string_lossy(),
-            doc.usage()
+            self.usage(doc)
         ))
+    }
+
+    /// The usage line for error replies: the current form's ([`Args::set_form`]), else the
+    /// command's.
+    fn usage(&self, doc: &CommandDoc) -> String {
+        self.form
+            .and_then(|token| doc.form_usage(token))
+            .unwrap_or_else(|| doc.usage())
     }
 
     /// The documentation of this command, if it has one.
@@ -180,7 +208,7 @@ impl<'a> Args<'a> {
                 opt.token
                     .map_or_else(String::new, |t| t.to_string_lossy().into_owned()),
                 opt.form(),
-                doc.usage()
+                self.usage(doc)
             )),
             None => self.wrong_arity(),
         }
@@ -215,7 +243,7 @@ impl<'a> Args<'a> {
         let Some(doc) = self.doc() else {
             return RedisError::String(format!("{NOT_AN_INTEGER}: '{got_text}'"));
         };
-        let usage = doc.usage();
+        let usage = self.usage(doc);
         let hint = self
             .key_as_option(doc)
             .map_or_else(String::new, |h| format!(" ({h})"));

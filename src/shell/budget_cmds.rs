@@ -157,6 +157,7 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .is_some_and(|t| t.as_slice().eq_ignore_ascii_case(b"WINDOW"))
     {
         a.next_bytes()?;
+        a.set_form(c"WINDOW");
         return crate::shell::window_cmds::quota_set_window(ctx, key_name, &mut a);
     }
     let (mut limit, mut used, mut overdraft, mut max_reserve, mut ttl) =

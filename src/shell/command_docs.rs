@@ -594,6 +594,20 @@ impl CommandDoc {
         forms
     }
 
+    /// The usage line of the form that the option `token` makes ([`CommandDoc::forms`]:
+    /// `QUOTA.SET key WINDOW limit window_ms ...`), if it makes one.
+    pub fn form_usage(&self, token: &CStr) -> Option<String> {
+        let index = self
+            .args
+            .iter()
+            .filter(|a| !a.only_with.is_empty())
+            .position(|a| a.token == Some(token))?;
+        self.forms()
+            .into_iter()
+            .nth(index.saturating_add(1))
+            .map(|(line, _)| line)
+    }
+
     /// The option of this command whose keyword is `token` (case-insensitive): a top-level
     /// `TOKEN value`, flag or tokened choice, or an alternative of an untokened choice (`NX`).
     pub fn option(&self, token: &[u8]) -> Option<&'static Arg> {
@@ -993,6 +1007,9 @@ mod tests {
             ]
         );
         assert!(forms[1].1.to_str().unwrap().starts_with("a window key's"));
+        let set = find(b"QUOTA.SET").unwrap();
+        assert_eq!(set.form_usage(c"WINDOW").as_deref(), Some(usages[1]));
+        assert_eq!(set.form_usage(c"LIMIT"), None);
         // Every other command has one form: its usage line.
         for c in COMMANDS.iter().filter(|c| c.name != c"QUOTA.SET") {
             assert_eq!(c.forms(), vec![(c.usage(), c.summary)]);
