@@ -380,8 +380,8 @@ fn help_lists_every_command_like_xinfo_help() {
     assert_eq!(
         window_form,
         "QUOTA.SET key WINDOW limit window_ms [PRECISION precision_ms] [NX|XX] [AT unix_ms] -- \
-         a window key's stored configuration (no other option but NX, XX, AT); QUOTA.WINDOW key \
-         and the M* commands then use it"
+         Stores a window key's configuration (no other option but NX, XX, AT); QUOTA.WINDOW key \
+         and the M* commands then use it."
     );
     assert!(
         lines[1].starts_with("QUOTA.SET key [LIMIT limit] ") && !lines[1].contains("WINDOW limit"),

@@ -259,7 +259,7 @@ pub static COMMANDS: &[CommandDoc] = &[
             Arg {
                 token: Some(c"WINDOW"),
                 optional: true,
-                summary: Some(c"a window key's stored configuration (no other option but NX, XX, AT); QUOTA.WINDOW key and the M* commands then use it"),
+                summary: Some(c"Stores a window key's configuration (no other option but NX, XX, AT); QUOTA.WINDOW key and the M* commands then use it."),
                 only_with: &[c"key", c"condition", c"unix_ms"],
                 ..block(c"window", &[
                     int(c"limit"),
@@ -1006,7 +1006,11 @@ mod tests {
                  [AT unix_ms]",
             ]
         );
-        assert!(forms[1].1.to_str().unwrap().starts_with("a window key's"));
+        assert!(forms[1]
+            .1
+            .to_str()
+            .unwrap()
+            .starts_with("Stores a window key's"));
         let set = find(b"QUOTA.SET").unwrap();
         assert_eq!(set.form_usage(c"WINDOW").as_deref(), Some(usages[1]));
         assert_eq!(set.form_usage(c"LIMIT"), None);
