@@ -62,6 +62,36 @@ impl StreamId {
     }
 }
 
+/// The stream-style reading of the last id parsed through it: a multi-key reservation grants
+/// one id on every budget, and each budget's [`crate::core::ledger::Budget::apply_seen`] reads
+/// it, so it is parsed once per command instead of once per key. Ids longer than
+/// [`ParsedId::KEPT`] bytes are parsed every time (never a generated one).
+#[derive(Debug, Default)]
+pub struct ParsedId {
+    len: usize,
+    bytes: [u8; ParsedId::KEPT],
+    parsed: Option<StreamId>,
+}
+
+impl ParsedId {
+    /// Longest id kept (a generated id has at most 20 + 1 + 20 digits and dash, mostly 15).
+    pub const KEPT: usize = 24;
+
+    /// [`StreamId::parse`] of `bytes`, from the last call if it had the same bytes.
+    pub fn parse(&mut self, bytes: &[u8]) -> Option<StreamId> {
+        if self.len != 0 && self.bytes.get(..self.len) == Some(bytes) {
+            return self.parsed;
+        }
+        let parsed = StreamId::parse(bytes);
+        if let Some(kept) = self.bytes.get_mut(..bytes.len()) {
+            kept.copy_from_slice(bytes);
+            self.len = bytes.len();
+            self.parsed = parsed;
+        }
+        parsed
+    }
+}
+
 /// `id`'s two digit runs if it is a stream-style id in canonical form (`<ms>-<seq>`, decimal
 /// digits without leading zeros, any length): ids whose numeric order is the order of the
 /// (length, bytes) of each run, and whose bytes are equal iff their values are.
@@ -145,6 +175,28 @@ mod tests {
             ),
         ) {
             prop_assert_eq!(StreamId::parse(&bytes), reference(&bytes));
+        }
+
+        /// Through one `ParsedId`, ids (often the same again, some longer than it keeps) read
+        /// as `StreamId::parse` reads each.
+        #[test]
+        fn parsed_id_agrees_with_parse(
+            ids in proptest::collection::vec(
+                prop_oneof![
+                    3 => Just(b"1800000000000-7".to_vec()),
+                    1 => Just(b"1800000000000-8".to_vec()),
+                    1 => Just(b"18446744073709551615-18446744073709551615".to_vec()),
+                    1 => Just(Vec::new()),
+                    2 => proptest::collection::vec(
+                        prop::sample::select(b"0123456789-x".to_vec()), 0..30),
+                ],
+                1..20,
+            ),
+        ) {
+            let mut memo = ParsedId::default();
+            for id in &ids {
+                prop_assert_eq!(memo.parse(id), StreamId::parse(id));
+            }
         }
 
         #[test]

@@ -25,7 +25,7 @@
 use crate::core::book::{ceil_units, Book, Entry, Finished, Id, Outcome, Reservation};
 use crate::core::error::LedgerError;
 use crate::core::htree::Measure;
-use crate::core::id::StreamId;
+use crate::core::id::{ParsedId, StreamId};
 use crate::core::period::Period;
 use smallvec::smallvec;
 
@@ -1358,6 +1358,18 @@ impl Budget {
 
     /// Applies one effect at `at_ms`. Validates before mutating: on error nothing changed.
     pub fn apply(&mut self, at_ms: i64, effect: &Effect) -> Result<(), LedgerError> {
+        self.apply_seen(at_ms, effect, &mut ParsedId::default())
+    }
+
+    /// [`Budget::apply`], reading a granted or charged id through `ids`: the budgets of one
+    /// multi-key write share one, and parse their common id once. The state reached is the
+    /// same.
+    pub fn apply_seen(
+        &mut self,
+        at_ms: i64,
+        effect: &Effect,
+        ids: &mut ParsedId,
+    ) -> Result<(), LedgerError> {
         let at = at_ms.max(self.clock_ms);
         // Where the key's clock goes: to `at` for a command's own effect. Cleanup is not a
         // command: a release moves it only to the deadline it releases at (never back before
@@ -1425,7 +1437,7 @@ impl Budget {
                     return Err(LedgerError::BadEffect("grant of a known id"));
                 }
                 self.reserved = reserved;
-                self.see_id(id, at);
+                self.see_id(id, at, ids);
             }
             Effect::Settle { id, actual } => {
                 let (reserved, used, overrun) = (self.reserved, self.used, self.overrun);
@@ -1558,7 +1570,7 @@ impl Budget {
                     if !fresh {
                         return Err(LedgerError::BadEffect("charge with a known id"));
                     }
-                    self.see_id(id, at);
+                    self.see_id(id, at, ids);
                 }
                 self.used = used;
                 self.overrun = total_overrun;
@@ -1590,8 +1602,8 @@ impl Budget {
     /// key's future: generated ids are never ahead of `max(at, last id)`, and a client id far
     /// ahead (`18446744073709551615-18446744073709551615`) must not exhaust the generator.
     /// A future client id that the clock later reaches is skipped by `next_id`.
-    fn see_id(&mut self, id: &[u8], at: i64) {
-        if let Some(sid) = StreamId::parse(id) {
+    fn see_id(&mut self, id: &[u8], at: i64, ids: &mut ParsedId) {
+        if let Some(sid) = ids.parse(id) {
             let horizon = u64::try_from(at).unwrap_or(0).max(self.last_id.ms);
             if sid.ms <= horizon {
                 self.last_id = self.last_id.max(sid);

@@ -6,6 +6,7 @@
 
 use redis_module::{Context, RedisError, RedisString};
 
+use crate::core::id::ParsedId;
 use crate::core::ledger::{Budget, Effect, OnExpire, View};
 use crate::shell::effects::Logged;
 use crate::shell::usage::{self, UsageEntry};
@@ -38,6 +39,7 @@ pub fn apply_and_propagate(
         at,
         effects,
         logging.then_some(&mut log),
+        &mut ParsedId::default(),
     );
     let view = view.unwrap_or_else(|| budget.view(at));
     let marks = write_usage(ctx, key_name, budget, at, &log, held);
@@ -59,7 +61,16 @@ pub fn apply_and_replicate(
 ) -> Applied {
     let mut log = Vec::new();
     let logging = usage::may_log(budget, effects).then_some(&mut log);
-    let result = apply_counted_logged(ctx, key_name, budget, at, effects, logging).0;
+    let result = apply_counted_logged(
+        ctx,
+        key_name,
+        budget,
+        at,
+        effects,
+        logging,
+        &mut ParsedId::default(),
+    )
+    .0;
     let marks = write_usage(ctx, key_name, budget, at, &log, None);
     replicate_applied(ctx, key_name, at, effects, &result, &marks);
     result
@@ -129,7 +140,15 @@ pub fn apply_counted(
     at: i64,
     effects: &[Effect],
 ) -> (Applied, Option<View>) {
-    apply_counted_logged(ctx, key_name, budget, at, effects, None)
+    apply_counted_logged(
+        ctx,
+        key_name,
+        budget,
+        at,
+        effects,
+        None,
+        &mut ParsedId::default(),
+    )
 }
 
 /// [`apply_counted`], collecting the usage entries of the applied effects into `log` if given
@@ -141,9 +160,10 @@ pub fn apply_counted_logged(
     at: i64,
     effects: &[Effect],
     log: Option<&mut Vec<UsageEntry>>,
+    ids: &mut ParsedId,
 ) -> (Applied, Option<View>) {
     let before = Counts::of(budget);
-    let result = usage::apply_logged(budget, at, effects, log);
+    let result = usage::apply_logged(budget, at, effects, log, ids);
     Counts::of(budget).record_since(&before);
     let applied = effects.get(..result.applied).unwrap_or(&[]);
     let budget = &*budget;
@@ -204,7 +224,7 @@ pub struct Applied {
 
 /// Applies effects in order, stopping at the first that does not fit (nothing of it applied).
 pub fn apply_all(budget: &mut Budget, at: i64, effects: &[Effect]) -> Applied {
-    usage::apply_logged(budget, at, effects, None)
+    usage::apply_logged(budget, at, effects, None, &mut ParsedId::default())
 }
 
 /// How many of `effects` release an expired reservation.

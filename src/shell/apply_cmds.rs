@@ -12,6 +12,7 @@
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
+use crate::core::id::ParsedId;
 use crate::core::ledger::{Budget, Effect};
 use crate::shell::apply::{apply_counted_logged, Applied, Counts};
 use crate::shell::args::{parse_i64, Args};
@@ -92,7 +93,16 @@ pub(crate) fn apply_budget_at_key(
                 }
             }
             let log = (!logged.is_empty()).then_some(&mut entries);
-            let result = apply_counted_logged(ctx, key_name, budget, at, list, log).0;
+            let result = apply_counted_logged(
+                ctx,
+                key_name,
+                budget,
+                at,
+                list,
+                log,
+                &mut ParsedId::default(),
+            )
+            .0;
             rebuild_usage(ctx, key_name, budget, at, &entries, logged);
             result
         }
@@ -109,7 +119,7 @@ pub(crate) fn apply_budget_at_key(
                 }
             }
             let log = (!logged.is_empty()).then_some(&mut entries);
-            let result = usage::apply_logged(&mut budget, at, list, log);
+            let result = usage::apply_logged(&mut budget, at, list, log, &mut ParsedId::default());
             if result.applied > 0 {
                 let counts = Counts::of(&budget);
                 sweep_index::track_budget(

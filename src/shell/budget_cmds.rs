@@ -3,6 +3,7 @@
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
+use crate::core::id::ParsedId;
 use crate::core::ledger::{
     Budget, OnExpire, Plan, ReserveReply, RollbackStatus, Settings, SettleStatus, UsageLog, View,
     DEFAULT_STREAM_MAX_LEN, UNITS_MS,
@@ -312,7 +313,9 @@ pub fn quota_set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // A new budget logs its starting USED as an adjustment.
     let mut entries = Vec::new();
     let logging = usage::may_log(&budget, &list).then_some(&mut entries);
-    if let Some(e) = usage::apply_logged(&mut budget, wall, &list, logging).error {
+    if let Some(e) =
+        usage::apply_logged(&mut budget, wall, &list, logging, &mut ParsedId::default()).error
+    {
         return Err(e);
     }
     let log = budget.usage().cloned();

@@ -17,6 +17,7 @@ use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValu
 use smallvec::SmallVec;
 use std::ffi::CStr;
 
+use crate::core::id::ParsedId;
 use crate::core::ledger::Budget;
 use crate::core::multi::{
     self, Decision, KeyEffects, KeyError, KeyOutcome, KeyStatus, Limit, Planned,
@@ -318,6 +319,8 @@ fn apply_all<'a>(
     let mut failed = None;
     let mut values = Values::with_capacity(opened.len());
     let mut batch = Batch::with_keys(opened.len());
+    // Every budget is granted the same id: parsed once.
+    let mut ids = ParsedId::default();
     for (i, (o, p)) in opened.iter_mut().zip(planned).enumerate() {
         if failed.is_some() {
             o.key.unchanged();
@@ -333,7 +336,8 @@ fn apply_all<'a>(
                 Ok(Some(b)) => {
                     let mut log = Vec::new();
                     let logging = usage::may_log(b, effects).then_some(&mut log);
-                    let (result, view) = apply_counted_logged(ctx, name, b, *now, effects, logging);
+                    let (result, view) =
+                        apply_counted_logged(ctx, name, b, *now, effects, logging, &mut ids);
                     let applied = effects.get(..result.applied).unwrap_or(&[]);
                     count_releases(applied);
                     // The entries are added before the batch is replicated: their ids go in it.

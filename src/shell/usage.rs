@@ -35,6 +35,7 @@ use std::os::raw::{c_char, c_int, c_longlong};
 use redis_module::{raw, Context, KeyType, RedisError, RedisString};
 
 use crate::core::book::{Entry as BookEntry, Id, Outcome};
+use crate::core::id::ParsedId;
 use crate::core::ledger::{Budget, Effect, UsageLog};
 use crate::shell::apply::Applied;
 use crate::shell::effects::Logged;
@@ -184,11 +185,13 @@ fn entry_of(
 
 /// Applies effects in order like [`crate::shell::apply::apply_all`], and appends to `log` the
 /// usage entries of the ones applied (only while `log` is `Some`: replicas pass `None`).
+/// Ids are read through `ids` ([`Budget::apply_seen`]).
 pub fn apply_logged(
     budget: &mut Budget,
     at: i64,
     effects: &[Effect],
     mut log: Option<&mut Vec<UsageEntry>>,
+    ids: &mut ParsedId,
 ) -> Applied {
     for (i, e) in effects.iter().enumerate() {
         let before = log.as_ref().map(|_| {
@@ -198,7 +201,7 @@ pub fn apply_logged(
                 budget.stored_bounds(),
             )
         });
-        if let Err(err) = budget.apply(at, e) {
+        if let Err(err) = budget.apply_seen(at, e, ids) {
             return Applied {
                 applied: i,
                 error: Some(error_reply(err)),
